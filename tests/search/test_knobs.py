@@ -76,7 +76,7 @@ def test_constant_arithmetic() -> None:
 
 
 def test_non_constants_and_hostile_values_are_skipped() -> None:
-    source = "A = 1/0\nB = 10**10**9\nC = 'a' * 3\nD = True + 1\nE = ...\nF = [x for x in (1,)]\nG = 2\n"
+    source = "A = 1/0\nB = 10**10**9\nC = 'a' * 3\nD = True + 1\nE = ...\nF = [x for x in (1,)]\nH = {[1]: 2}\nG = 2\n"
     assert list(by_name(source)) == ["G"]
 
 

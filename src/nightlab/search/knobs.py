@@ -85,12 +85,15 @@ def _evaluate(node: ast.AST) -> object:
         return tuple(_evaluate(e) for e in node.elts)
     if isinstance(node, ast.List):
         return [_evaluate(e) for e in node.elts]
-    if isinstance(node, ast.Set):
-        return {_evaluate(e) for e in node.elts}
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):  # `{**x}`
+    if isinstance(node, (ast.Set, ast.Dict)):
+        if isinstance(node, ast.Dict) and any(k is None for k in node.keys):  # `{**x}`
             raise _NotConstant
-        return {_evaluate(k): _evaluate(v) for k, v in zip(node.keys, node.values)}
+        try:  # `{[1]: 2}` has an unhashable key
+            if isinstance(node, ast.Set):
+                return {_evaluate(e) for e in node.elts}
+            return {_evaluate(k): _evaluate(v) for k, v in zip(node.keys, node.values, strict=True)}
+        except TypeError as e:
+            raise _NotConstant from e
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         operand = _number(_evaluate(node.operand))
         return operand if isinstance(node.op, ast.UAdd) else -operand
@@ -199,7 +202,9 @@ def _sites(source: str) -> dict[str, _Site]:
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
-        raise UsageError(f"cannot parse the script: line {e.lineno}: `{e.msg}`; fix the syntax error") from None
+        raise UsageError(
+            f"cannot parse the script: line {e.lineno}: `{e.msg}`; fix the syntax error"
+        ) from None
     data = source.encode("utf-8")
     starts = _line_starts(data)
     sites: dict[str, _Site] = {}
