@@ -1,0 +1,3 @@
+from nightlab.cli import main
+
+main()

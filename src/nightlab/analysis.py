@@ -1,0 +1,160 @@
+"""Per-tier figures, the noise floor and verdicts, computed from the ledger.
+
+The incumbent is the lab's HEAD; its figure on a tier is the mean of every ok run of
+HEAD's exact files on that tier. A candidate is judged only against the incumbent on the
+same tier (the same code scores differently on different hardware under a wall-clock
+budget), with the rule in `nightlab.search.decide`. Verdicts are stored on the
+experiments so that the CLI, reports and dashboard all show the same ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from nightlab import snapshots
+from nightlab.config import LabConfig
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Mean, sample standard deviation and count of a snapshot's ok runs on one tier."""
+
+    mean: float
+    std: float | None
+    n: int
+
+
+def figure(values: list[float]) -> Figure | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    return Figure(mean, std, len(values))
+
+
+def ok_values(experiments: list[Experiment], metric: str) -> list[float]:
+    return [v for e in experiments if e.ok and (v := e.metric(metric)) is not None]
+
+
+def noise_sigma(ledger: Ledger, metric: str, tier: str) -> tuple[float | None, int]:
+    """Pooled standard deviation of repeated runs of the same files on `tier`, and its degrees of freedom."""
+    groups: dict[str, list[float]] = {}
+    for e in ledger.experiments(status=ExperimentStatus.FINISHED, tier=tier):
+        v = e.metric(metric)
+        if e.ok and v is not None:
+            groups.setdefault(e.tree, []).append(v)
+    ss, dof = 0.0, 0
+    for values in groups.values():
+        if len(values) > 1:
+            m = sum(values) / len(values)
+            ss += sum((v - m) ** 2 for v in values)
+            dof += len(values) - 1
+    return (math.sqrt(ss / dof), dof) if dof else (None, 0)
+
+
+def baseline_tree(lab_dir: Path) -> str:
+    root = snapshots.git_text(lab_dir, "rev-list", "--max-parents=0", "HEAD").splitlines()[-1]
+    return snapshots.tree_of(lab_dir, root)
+
+
+def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> Figure | None:
+    tree = snapshots.tree_of(lab_dir, "HEAD")
+    return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))
+
+
+def decide_tree(ledger: Ledger, config: LabConfig, lab_dir: Path, tree: str, tier: str):
+    """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable."""
+    from nightlab.search.decide import verdict
+
+    metric = config.metric.name
+    incumbent = ok_values(ledger.experiments(tree=snapshots.tree_of(lab_dir, "HEAD"), tier=tier), metric)
+    candidate = ok_values(ledger.experiments(tree=tree, tier=tier), metric)
+    if not incumbent or not candidate:
+        return None
+    sigma, _ = noise_sigma(ledger, metric, tier)
+    return verdict(
+        candidate,
+        incumbent,
+        noise_sigma=sigma,
+        z=config.search.z,
+        lower_is_better=config.metric.lower_is_better,
+    )
+
+
+def update_verdicts(ledger: Ledger, config: LabConfig, lab_dir: Path, experiment_id: str) -> str | None:
+    """Set the verdict of a finished experiment (and of its snapshot's other runs on that tier)."""
+    exp = ledger.get(experiment_id)
+    if exp.status != ExperimentStatus.FINISHED:
+        return None
+    if not exp.ok:
+        verdict = "invalid" if exp.outcome == "invalid" else "crash"
+        ledger.set_verdict(exp.id, verdict)
+        return verdict
+    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    if exp.tree == baseline_tree(lab_dir):
+        verdict = "baseline"
+    elif exp.tree == head_tree:
+        verdict = "keep"
+    else:
+        decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier)
+        verdict = decision.verdict if decision is not None else None
+    for other in ledger.experiments(tree=exp.tree, tier=exp.tier):
+        if other.ok and other.verdict != verdict:
+            ledger.set_verdict(other.id, verdict)
+    return verdict
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One experiment as `nightlab results` and the dashboard show it."""
+
+    experiment: Experiment
+    value: float | None
+    delta: float | None  # value minus the incumbent's mean on the same tier (None when either is missing)
+
+    def to_dict(self, metric: str) -> dict:
+        e = self.experiment
+        return {
+            "id": e.id,
+            "status": e.status.label,
+            "outcome": e.outcome,
+            "verdict": e.verdict,
+            "tier": e.tier,
+            "seed": e.seed,
+            "wave": e.wave,
+            "snapshot": e.snapshot,
+            "description": e.description,
+            metric: self.value,
+            "delta": self.delta,
+            "submitted_at": e.submitted_at,
+            "finished_at": e.finished_at,
+            "metrics": e.metrics,
+        }
+
+
+def results(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, *, tier: str | None = None
+) -> tuple[list[ResultRow], dict[str, Figure | None]]:
+    """All experiments (optionally of one tier), ok runs best first, then the rest by recency.
+
+    Returns the rows and the incumbent's figure per tier.
+    """
+    metric = config.metric.name
+    exps = ledger.experiments(tier=tier)
+    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    tiers = sorted({e.tier for e in exps} | ({tier} if tier else set()))
+    incumbents = {
+        t: figure(ok_values([e for e in exps if e.tree == head_tree and e.tier == t], metric)) for t in tiers
+    }
+    rows = []
+    for e in exps:
+        value = e.metric(metric) if e.ok else None
+        inc = incumbents.get(e.tier)
+        rows.append(ResultRow(e, value, None if value is None or inc is None else value - inc.mean))
+    sign = 1 if config.metric.lower_is_better else -1
+    ok = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.experiment.seq))
+    rest = sorted((r for r in rows if r.value is None), key=lambda r: -r.experiment.seq)
+    return ok + rest, incumbents

@@ -1,0 +1,75 @@
+"""Helpers shared by the command modules: opening the lab, JSON output, tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+lab_option = click.option(
+    "--lab",
+    "lab_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    envvar="NIGHTLAB_DIR",
+    help="The lab directory (default: the lab containing the current directory) [env: NIGHTLAB_DIR].",
+)
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Whether or not to print compact JSON on stdout."
+)
+
+
+def with_lab(fn: Callable) -> Callable:
+    """Open the lab for the command (passed as `lab`) and close it afterwards."""
+
+    @lab_option
+    @wraps(fn)
+    def wrapper(*args: Any, lab_dir: Path | None, **kwargs: Any) -> Any:
+        from nightlab.lab import Lab
+
+        with Lab.open(lab_dir) as lab:
+            return fn(*args, lab=lab, **kwargs)
+
+    return wrapper
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str) + "\n")
+
+
+def say(message: str) -> None:
+    """Status for people: stderr, so stdout stays data."""
+    click.echo(message, err=True)
+
+
+def console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def ago(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return duration(time.time() - ts)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def fmt(value: float | None, digits: int = 6) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import click
+
+from nightlab.cli._common import emit_json, json_option, say, with_lab
+
+
+@click.command("report")
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Whether or not to also write results-wide.tsv (tier, seed, wave, timings, every metric).",
+)
+@click.option("--no-plot", is_flag=True, help="Whether or not to skip progress.png.")
+@json_option
+@with_lab
+def command(lab, wide, no_plot, as_json) -> None:
+    """Write results.tsv (the autoresearch format) and progress.png in the lab.
+
+    \b
+    Example:
+      nightlab report && column -t -s $'\\t' results.tsv
+    """
+    from nightlab.report import write_report
+
+    paths = write_report(lab.ledger, lab.config, lab.path, wide=wide, plot=not no_plot)
+    if as_json:
+        emit_json({"files": [str(p) for p in paths]})
+        return
+    for p in paths:
+        click.echo(p)
+    say("results.tsv reads like autoresearch's; progress.png shows every run and the running best")

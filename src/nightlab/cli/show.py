@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import click
+
+from nightlab.cli._common import console, emit_json, json_option, with_lab
+
+TAIL_LINES = 30
+
+
+@click.command("show")
+@click.argument("experiment_id")
+@click.option(
+    "--tail", "tail_lines", type=int, default=TAIL_LINES, show_default=True, help="Log lines to show."
+)
+@click.option("--no-diff", is_flag=True, help="Whether or not to leave out the diff against the parent.")
+@json_option
+@with_lab
+def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
+    """One experiment: outcome (with the exception line), metrics, diff against its parent, log tail.
+
+    \b
+    Example:
+      nightlab show e0002 --json | jq .metrics
+    """
+    from pathlib import Path
+
+    from nightlab import snapshots
+    from nightlab.fleet.runner import clean_lines, read_tail
+
+    e = lab.ledger.get(experiment_id)
+    attempts = lab.ledger.attempts(e.id)
+    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
+    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
+    while tail and not tail[-1].strip():
+        tail.pop()
+    diff = "" if no_diff else snapshots.diff(lab.path, e.parent, e.snapshot)
+    if as_json:
+        data = e.to_dict()
+        data.update(attempts=[a.to_dict() for a in attempts], diff=diff, log_tail=tail, log_path=log_path)
+        emit_json(data)
+        return
+    out = console()
+    out.print(f"{e.id}  {e.description}")
+    out.print(f"  status {e.status.label}, outcome {e.outcome or '-'}, verdict {e.verdict or '-'}")
+    if e.detail:
+        out.print(f"  detail {e.detail}")
+    out.print(
+        f"  tier {e.tier}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, snapshot {e.snapshot[:12]}"
+    )
+    if e.params:
+        out.print("  set " + " ".join(f"{k}={v}" for k, v in e.params.items()))
+    for key, value in e.metrics.items():
+        out.print(f"  {key}: {value}")
+    if diff:
+        out.print("diff against parent:")
+        click.echo(diff.rstrip())
+    if tail:
+        out.print(f"log tail ({log_path}):")
+        click.echo("\n".join(tail))

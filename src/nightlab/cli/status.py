@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import time
+
+import click
+
+from nightlab.cli._common import console, duration, emit_json, json_option, with_lab
+
+
+def fleet_state(lab) -> dict:
+    """The controller, workers, running experiments and queue, as plain data."""
+    from nightlab.fleet.daemon import running_pid
+    from nightlab.ledger import ExperimentStatus
+
+    pid = running_pid(lab.path)
+    record = lab.ledger.controller()
+    running = lab.ledger.experiments(status=ExperimentStatus.RUNNING, with_metrics=False)
+    queued = lab.ledger.experiments(status=ExperimentStatus.QUEUED, with_metrics=False)
+    timeout = lab.config.target.timeout
+    now = time.time()
+    run_rows = []
+    for e in running:
+        attempts = lab.ledger.attempts(e.id)
+        current = attempts[-1] if attempts else None
+        started = current.started_at if current else e.started_at
+        run_rows.append(
+            {
+                "id": e.id,
+                "worker": current.worker if current else None,
+                "tier": e.tier,
+                "attempt": e.attempts,
+                "elapsed": now - started if started else None,
+                "remaining": timeout - (now - started) if started else None,
+                "description": e.description,
+            }
+        )
+    return {
+        "controller": {
+            "running": pid is not None,
+            "pid": pid if pid and pid > 0 else (record.pid if record else None),
+            "heartbeat_age": now - record.heartbeat_at if record else None,
+        },
+        "workers": [w.to_dict() for w in lab.ledger.workers()],
+        "running": run_rows,
+        "queued": [
+            {"id": e.id, "tier": e.tier, "priority": e.priority, "description": e.description} for e in queued
+        ],
+    }
+
+
+def print_state(state: dict) -> None:
+    out = console()
+    c = state["controller"]
+    if c["running"]:
+        out.print(f"controller: running (pid {c['pid']})")
+    else:
+        out.print("controller: not running (starts with the next submit, or `nightlab fleet start`)")
+    for w in state["workers"]:
+        out.print(f"  {w['name']:<14} {w['tier']:<8} {w['state']:<8} {w['experiment_id'] or ''}")
+    out.print(f"running: {len(state['running'])}")
+    for r in state["running"]:
+        out.print(
+            f"  {r['id']}  {r['worker'] or '-':<14} elapsed {duration(r['elapsed'])}, "
+            f"{duration(r['remaining'])} left  {r['description'][:50]}"
+        )
+    out.print(f"queued: {len(state['queued'])}")
+    for q in state["queued"][:10]:
+        out.print(f"  {q['id']}  {q['tier']:<8} p{q['priority']}  {q['description'][:50]}")
+    if len(state["queued"]) > 10:
+        out.print(f"  ... and {len(state['queued']) - 10} more")
+
+
+@click.command("status")
+@json_option
+@with_lab
+def command(lab, as_json) -> None:
+    """Workers, running experiments (elapsed and remaining time) and the queue.
+
+    \b
+    Example:
+      nightlab status --json | jq '.queued | length'
+    """
+    state = fleet_state(lab)
+    if as_json:
+        emit_json(state)
+        return
+    print_state(state)

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import click
+
+from nightlab.cli._common import emit_json, json_option, say, with_lab
+
+
+@click.command("wait")
+@click.argument("ids", nargs=-1)
+@click.option(
+    "--all", "all_", is_flag=True, help="Whether or not to wait for every queued and running experiment."
+)
+@click.option("--any", "any_", is_flag=True, help="Whether or not to return as soon as one of them ends.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
+@json_option
+@with_lab
+def command(lab, ids, all_, any_, timeout, as_json) -> None:
+    """Block until experiments end; prints each one's outcome and metric.
+
+    \b
+    Example:
+      nightlab wait --any --json | jq -r '.[].id'
+    """
+    from nightlab.errors import UsageError
+
+    if ids and all_:
+        raise UsageError("give experiment ids or `--all`, not both")
+    if not ids and not all_ and not any_:
+        raise UsageError("say what to wait for: experiment ids, `--all` or `--any`")
+    done = lab.wait(list(ids) or None, mode="any" if any_ else "all", timeout=timeout)
+    metric = lab.config.metric.name
+    if as_json:
+        emit_json(
+            [
+                {
+                    "id": e.id,
+                    "status": e.status.label,
+                    "outcome": e.outcome,
+                    "verdict": e.verdict,
+                    metric: e.metric(metric),
+                }
+                for e in done
+            ]
+        )
+        return
+    for e in done:
+        value = e.metric(metric)
+        click.echo(
+            f"{e.id}  {e.outcome or e.status.label:<16} {metric}={'-' if value is None else f'{value:.6f}'}"
+            f"  {e.verdict or ''}"
+        )
+    if not done:
+        say("nothing to wait for")

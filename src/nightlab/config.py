@@ -1,0 +1,229 @@
+"""`nightlab.toml`: the lab's configuration, parsed into frozen dataclasses.
+
+Every key is checked when the lab is opened, so a typo fails at once with the key's name
+instead of deep inside a run. Unknown keys are errors too: a misspelled `timeout` that
+silently fell back to the default would cost a night of GPU time.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nightlab.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_NAME = "nightlab.toml"
+FOREIGN_TIMEOUT = 600.0  # autoresearch's rule: a run that takes over 10 minutes is killed
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    command: str
+    editable: tuple[str, ...]
+    timeout: float
+    builtin: bool = False
+
+
+@dataclass(frozen=True)
+class MetricConfig:
+    name: str = "val_bpb"
+    direction: str = "lower"
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.direction == "lower"
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One group of workers of one tier on one backend."""
+
+    backend: str
+    tier: str
+    slots: int = 1
+    threads: int | None = None
+    gpus: tuple[int, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)  # backend-specific keys (accelerators, infra, ...)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    pools: tuple[PoolConfig, ...]
+    default_tier: str
+    idle_shutdown: float = 900.0
+    retries: int = 2
+
+    @property
+    def tiers(self) -> list[str]:
+        return sorted({p.tier for p in self.pools})
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    z: float = 2.0
+    incumbent_max_age_waves: int = 3
+    promote_top_k: int = 3
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    target: TargetConfig
+    metric: MetricConfig
+    fleet: FleetConfig
+    search: SearchConfig
+    profile: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _table(doc: dict, key: str, *, required: bool = True) -> dict:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"{CONFIG_NAME}: missing table `[{key}]`; see README 'Configuration'")
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{CONFIG_NAME}: `{key}` must be a table")
+    return value
+
+
+def _get(table: dict, where: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise ConfigError(f"{CONFIG_NAME}: missing key `{where}.{key}`")
+        return default
+    value = table[key]
+    # bool is an int subclass: `slots = true` must not pass as 1
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list"}
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _no_unknown(table: dict, where: str, known: set[str]) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(
+            f"{CONFIG_NAME}: unknown key `{where}.{unknown[0]}`; known keys: {', '.join(sorted(known))}"
+        )
+
+
+def _parse_pool(raw: Any, index: int) -> PoolConfig:
+    where = f"fleet.pool[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{CONFIG_NAME}: `{where}` must be a table ([[fleet.pool]])")
+    backend = _get(raw, where, "backend", str, "local")
+    tier = _get(raw, where, "tier", str)
+    if backend == "local":
+        _no_unknown(raw, where, {"backend", "tier", "slots", "threads", "gpus"})
+        gpus = tuple(_get(raw, where, "gpus", list, []))
+        if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+            raise ConfigError(f"{CONFIG_NAME}: `{where}.gpus` must be a list of GPU indices, got `{gpus!r}`")
+        slots = _get(raw, where, "slots", int, len(gpus) or 1)
+        threads = _get(raw, where, "threads", int, None)
+        if gpus and slots != len(gpus):
+            raise ConfigError(
+                f"{CONFIG_NAME}: `{where}.slots` must equal the number of `gpus` or be left out"
+            )
+        options: dict[str, Any] = {}
+    elif backend == "skypilot":
+        slots = _get(raw, where, "workers", int, 1)
+        threads = None
+        gpus = ()
+        options = {k: v for k, v in raw.items() if k not in {"backend", "tier", "workers"}}
+    else:
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.backend` is `{backend}`; use `local` or `skypilot`")
+    if slots < 1:
+        raise ConfigError(f"{CONFIG_NAME}: `{where}` needs at least one slot, got `{slots}`")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.threads` must be at least 1, got `{threads}`")
+    return PoolConfig(backend=backend, tier=tier, slots=slots, threads=threads, gpus=gpus, options=options)
+
+
+def parse_config(doc: dict[str, Any]) -> LabConfig:
+    """Validate a parsed `nightlab.toml` document.
+
+    Raises:
+        ConfigError: naming the first bad or missing key.
+    """
+    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile"})
+    t = _table(doc, "target")
+    _no_unknown(t, "target", {"command", "editable", "timeout", "builtin"})
+    editable = _get(t, "target", "editable", list)
+    if not editable or not all(isinstance(e, str) and e for e in editable):
+        raise ConfigError(f"{CONFIG_NAME}: `target.editable` must be a non-empty list of file names")
+    timeout = float(_get(t, "target", "timeout", (int, float), FOREIGN_TIMEOUT))
+    if timeout <= 0:
+        raise ConfigError(f"{CONFIG_NAME}: `target.timeout` must be positive, got `{timeout}`")
+    target = TargetConfig(
+        command=_get(t, "target", "command", str),
+        editable=tuple(editable),
+        timeout=timeout,
+        builtin=_get(t, "target", "builtin", bool, False),
+    )
+
+    m = _table(doc, "metric", required=False)
+    _no_unknown(m, "metric", {"name", "direction"})
+    direction = _get(m, "metric", "direction", str, "lower")
+    if direction not in ("lower", "higher"):
+        raise ConfigError(f"{CONFIG_NAME}: `metric.direction` is `{direction}`; use `lower` or `higher`")
+    metric = MetricConfig(name=_get(m, "metric", "name", str, "val_bpb"), direction=direction)
+
+    f = _table(doc, "fleet")
+    _no_unknown(f, "fleet", {"pool", "default_tier", "idle_shutdown", "retries"})
+    pools_raw = _get(f, "fleet", "pool", list)
+    if not pools_raw:
+        raise ConfigError(f"{CONFIG_NAME}: `fleet.pool` needs at least one [[fleet.pool]] table")
+    pools = tuple(_parse_pool(p, i) for i, p in enumerate(pools_raw))
+    tiers = sorted({p.tier for p in pools})
+    default_tier = _get(f, "fleet", "default_tier", str, pools[0].tier)
+    if default_tier not in tiers:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `fleet.default_tier` is `{default_tier}` but no pool has that tier; "
+            f"tiers: {', '.join(tiers)}"
+        )
+    retries = _get(f, "fleet", "retries", int, 2)
+    if retries < 0:
+        raise ConfigError(f"{CONFIG_NAME}: `fleet.retries` must be 0 or more, got `{retries}`")
+    fleet = FleetConfig(
+        pools=pools,
+        default_tier=default_tier,
+        idle_shutdown=float(_get(f, "fleet", "idle_shutdown", (int, float), 900.0)),
+        retries=retries,
+    )
+
+    s = _table(doc, "search", required=False)
+    _no_unknown(s, "search", {"z", "incumbent_max_age_waves", "promote_top_k"})
+    search = SearchConfig(
+        z=float(_get(s, "search", "z", (int, float), 2.0)),
+        incumbent_max_age_waves=_get(s, "search", "incumbent_max_age_waves", int, 3),
+        promote_top_k=_get(s, "search", "promote_top_k", int, 3),
+    )
+    profile = doc.get("profile")
+    if profile is not None and not isinstance(profile, dict):
+        raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")
+    return LabConfig(target=target, metric=metric, fleet=fleet, search=search, profile=profile, raw=doc)
+
+
+def load_config(path: Path) -> LabConfig:
+    """Read and validate the lab's `nightlab.toml`."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"`{path}` is missing; run `nightlab init` to create a lab") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{CONFIG_NAME} is not valid TOML: {e}") from e
+    return parse_config(doc)

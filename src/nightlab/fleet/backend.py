@@ -1,0 +1,80 @@
+"""The backend interface: how a worker executes one attempt.
+
+A backend is small on purpose (launch / poll / kill, plus optional fleet set-up and
+tear-down); the controller owns everything else: leasing, timeouts, classification,
+retries and the ledger. Handles are plain JSON dicts stored with the attempt, so a
+controller that restarts can `poll` runs that an earlier controller launched.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """One place that runs one experiment at a time."""
+
+    name: str
+    tier: str
+    backend: str
+    env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS
+    info: dict[str, Any] = field(default_factory=dict)  # shown by `fleet status` (gpu, threads, cluster)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a backend needs to execute one attempt."""
+
+    experiment_id: str
+    attempt: int
+    snapshot: str  # commit hash
+    command: str
+    env: dict[str, str]  # NIGHTLAB_* and the slot's variables, on top of the worker's environment
+    timeout: float
+    run_dir: Path  # local folder for this attempt: log.txt (and work/ for the local backend)
+    lab_dir: Path
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "log.txt"
+
+
+@dataclass(frozen=True)
+class RunExit:
+    """A run that has ended. `exit_code` is None when it vanished without a status."""
+
+    exit_code: int | None
+    lost: bool = False
+    detail: str | None = None
+
+
+class BaseBackend(abc.ABC):
+    """Contract for implementers.
+
+    - `launch` must return quickly (it is on the dispatch path) with a JSON-able handle.
+    - `poll` must not block; it returns None while the run is alive, a `RunExit` once it
+      has ended, and must work on a handle from an earlier controller process.
+    - `kill` stops the whole run (its process group, its remote job) and may be called twice.
+    - After `poll` returns a `RunExit`, the run's log is complete at `spec.log_path`.
+    """
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def launch(self, slot: WorkerSlot, spec: RunSpec) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def poll(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> RunExit | None: ...
+
+    @abc.abstractmethod
+    def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None: ...
+
+    def cleanup(self, spec: RunSpec) -> None:
+        """Free what the attempt left behind once it has been recorded."""
+
+    def close(self) -> None:
+        """Release connections and threads when the controller exits."""

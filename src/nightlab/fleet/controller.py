@@ -1,0 +1,294 @@
+"""The controller: one loop per lab that leases queued experiments to free workers.
+
+Each turn of the loop it (1) polls the running attempts, enforcing the hard timeout and
+cancellations, and records the ones that ended; (2) leases the next queued experiment
+of the right tier to each free worker and launches it; (3) heartbeats. A single process
+owns the lab's fleet (the lock in `daemon.py`); the ledger makes everything it does
+visible to every other process.
+
+Recovery: a controller that starts finds the attempts an earlier one left open and
+polls them like its own. Runs that are still alive are re-attached; runs that ended
+while no controller watched are recorded from their status file and log; runs that
+vanished are `infra` and go back to the queue. `Ledger.finish_attempt` refuses to end an
+attempt twice, so every experiment ends exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nightlab.config import LabConfig
+from nightlab.errors import NightlabError
+from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.fleet.local import LocalBackend, local_slots
+from nightlab.fleet.runner import classify, read_tail, trim_log
+from nightlab.ledger import Attempt, ExperimentStatus, Ledger
+
+log = logging.getLogger("nightlab.controller")
+
+HEARTBEAT_SECONDS = 1.0
+KILL_GRACE_SECONDS = 30.0  # after a kill, how long to wait for the run to report its end
+
+
+@dataclass
+class _Active:
+    slot: WorkerSlot
+    attempt: Attempt
+    spec: RunSpec
+    handle: dict[str, Any]
+    deadline: float
+    killed: str | None = None  # "timeout" | "cancelled" | "stopped"
+    killed_at: float = 0.0
+
+
+def expected_fingerprint(config: LabConfig) -> str | None:
+    """The data fingerprint every result of this lab must carry (built-in target only)."""
+    if not config.profile:
+        return None
+    from nightlab.harness.profiles import Profile, fingerprint
+
+    return fingerprint(Profile.from_dict(config.profile))
+
+
+def build_slots(
+    config: LabConfig, *, cpu_slots: int | None = None
+) -> tuple[list[WorkerSlot], dict[str, BaseBackend]]:
+    """The worker slots of every pool in the config, and one backend object per kind."""
+    slots: list[WorkerSlot] = []
+    backends: dict[str, BaseBackend] = {}
+    for pool in config.fleet.pools:
+        if pool.backend == "local":
+            backends.setdefault("local", LocalBackend())
+            slots += local_slots(pool, cpu_slots=cpu_slots)
+        elif pool.backend == "skypilot":
+            from nightlab.fleet.skypilot import SkyPilotBackend, skypilot_slots
+
+            backends.setdefault("skypilot", SkyPilotBackend(config))
+            slots += skypilot_slots(pool)
+        else:  # config.py already refuses other names
+            raise NightlabError(f"unknown backend `{pool.backend}`")
+    return slots, backends
+
+
+class Controller:
+    """The dispatch loop of one lab. `run()` returns when stopped or idle for long enough."""
+
+    def __init__(
+        self,
+        lab_dir: Path,
+        config: LabConfig,
+        ledger: Ledger,
+        *,
+        slots: list[WorkerSlot],
+        backends: dict[str, BaseBackend],
+        poll_interval: float = 0.02,
+        idle_interval: float = 0.05,
+    ) -> None:
+        self.lab_dir = lab_dir
+        self.config = config
+        self.ledger = ledger
+        self.slots = slots
+        self.backends = backends
+        self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
+        self.active: dict[str, _Active] = {}
+        self.pid = os.getpid()
+        self.stopping = False
+        self._fingerprint = expected_fingerprint(config)
+
+    # ------------------------------------------------------------------ life cycle
+
+    def run(self) -> None:
+        self.ledger.claim_controller(self.pid, socket.gethostname())
+        self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in self.slots])
+        self._recover()
+        last_beat = 0.0
+        last_activity = time.time()
+        try:
+            while True:
+                now = time.time()
+                if now - last_beat >= HEARTBEAT_SECONDS:
+                    if not self.ledger.controller_heartbeat(self.pid):
+                        self.stopping = True
+                    self.ledger.heartbeat(a.attempt.id for a in self.active.values())
+                    last_beat = now
+                if self.stopping:
+                    break
+                self._poll_active()
+                queued = self._dispatch()
+                if self.active or queued:
+                    last_activity = now
+                elif now - last_activity > self.config.fleet.idle_shutdown:
+                    log.info("idle for %.0f s: exiting", now - last_activity)
+                    break
+                time.sleep(self.poll_interval if self.active else self.idle_interval)
+        finally:
+            self._shutdown()
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def _shutdown(self) -> None:
+        # runs that we kill here did nothing wrong: they go back to the queue
+        for active in list(self.active.values()):
+            self._backend(active.slot).kill(active.slot, active.spec, active.handle)
+            self.ledger.finish_attempt(
+                active.attempt.id,
+                outcome="infra",
+                detail="the controller was stopped; requeued",
+                retry=True,
+                max_attempts=active.attempt.number + 1,
+                worker_state="stopped",
+            )
+            self._backend(active.slot).cleanup(active.spec)
+        self.active.clear()
+        for backend in self.backends.values():
+            backend.close()
+        self.ledger.release_controller(self.pid)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _backend(self, slot: WorkerSlot) -> BaseBackend:
+        return self.backends[slot.backend]
+
+    def _spec(self, attempt: Attempt) -> RunSpec:
+        exp = self.ledger.get(attempt.experiment_id)
+        run_dir = self.lab_dir / ".nightlab" / "runs" / exp.id / f"attempt-{attempt.number}"
+        env = {
+            "NIGHTLAB_EXPERIMENT": exp.id,
+            "NIGHTLAB_SEED": str(exp.seed),
+            "NIGHTLAB_TIER": exp.tier,
+            "NIGHTLAB_WORKER": attempt.worker,
+            "NIGHTLAB_LAB": str(self.lab_dir),
+        }
+        return RunSpec(
+            experiment_id=exp.id,
+            attempt=attempt.number,
+            snapshot=exp.snapshot,
+            command=self.config.target.command,
+            env=env,
+            timeout=self.config.target.timeout,
+            run_dir=run_dir,
+            lab_dir=self.lab_dir,
+        )
+
+    def _slot_for(self, attempt: Attempt) -> WorkerSlot:
+        for slot in self.slots:
+            if slot.name == attempt.worker:
+                return slot
+        # the worker left the config while its run was alive: watch it under its old name
+        backend = attempt.handle.get("backend", "local")
+        if backend not in self.backends:
+            if backend != "local":
+                raise NightlabError(
+                    f"attempt {attempt.experiment_id}/{attempt.number} runs on backend `{backend}`, which "
+                    "nightlab.toml no longer configures; restore its [[fleet.pool]] to recover it"
+                )
+            self.backends[backend] = LocalBackend()
+        return WorkerSlot(
+            name=attempt.worker, tier=self.ledger.get(attempt.experiment_id).tier, backend=backend
+        )
+
+    def _recover(self) -> None:
+        busy = set()
+        for attempt in self.ledger.open_attempts():
+            slot = self._slot_for(attempt)
+            spec = self._spec(attempt)
+            key = slot.name if slot.name not in busy else f"{slot.name}#{attempt.id}"
+            busy.add(slot.name)
+            self.active[key] = _Active(slot, attempt, spec, attempt.handle, attempt.started_at + spec.timeout)
+            self.ledger.set_worker(slot.name, state="busy", experiment_id=attempt.experiment_id)
+            self.ledger.log_event("reattach", attempt.experiment_id, worker=slot.name, attempt=attempt.number)
+
+    # ------------------------------------------------------------------ the two halves of a turn
+
+    def _poll_active(self) -> None:
+        cancel = {e.id for e in self._cancel_requests()} if self.active else set()
+        now = time.time()
+        for key, active in list(self.active.items()):
+            backend = self._backend(active.slot)
+            if active.killed is None:
+                if now > active.deadline:
+                    active.killed, active.killed_at = "timeout", now
+                    backend.kill(active.slot, active.spec, active.handle)
+                elif active.spec.experiment_id in cancel:
+                    active.killed, active.killed_at = "cancelled", now
+                    backend.kill(active.slot, active.spec, active.handle)
+            try:
+                ended = backend.poll(active.slot, active.spec, active.handle)
+            except NightlabError as e:
+                ended = RunExit(None, lost=True, detail=str(e))
+            if ended is None and active.killed and now - active.killed_at > KILL_GRACE_SECONDS:
+                ended = RunExit(None, lost=True, detail="did not exit after being killed")
+            if ended is not None:
+                self._record(active, ended)
+                del self.active[key]
+
+    def _cancel_requests(self) -> list:
+        return [
+            e
+            for e in self.ledger.experiments(status=ExperimentStatus.RUNNING, with_metrics=False)
+            if e.cancel_requested
+        ]
+
+    def _record(self, active: _Active, ended: RunExit) -> None:
+        tail = read_tail(active.spec.log_path)
+        if active.killed == "cancelled":
+            outcome, detail, metrics = "cancelled", "cancelled by the user", {}
+        else:
+            result = classify(
+                ended.exit_code,
+                tail,
+                metric=self.config.metric.name,
+                timed_out=active.killed == "timeout",
+                lost=ended.lost,
+                expected_fingerprint=self._fingerprint,
+            )
+            outcome, detail, metrics = result.outcome, result.detail or ended.detail, result.metrics
+        state = self.ledger.finish_attempt(
+            active.attempt.id,
+            outcome=outcome,
+            exit_code=ended.exit_code,
+            detail=detail,
+            metrics=metrics,
+            retry=outcome == "infra",
+            max_attempts=1 + self.config.fleet.retries,
+        )
+        trim_log(active.spec.log_path)
+        self._backend(active.slot).cleanup(active.spec)
+        if state == "finished":
+            from nightlab.analysis import update_verdicts
+
+            update_verdicts(self.ledger, self.config, self.lab_dir, active.spec.experiment_id)
+
+    def _dispatch(self) -> bool:
+        """Lease work to free slots; returns whether anything is queued for this fleet."""
+        busy = {a.slot.name for a in self.active.values()}
+        free = [s for s in self.slots if s.name not in busy]
+        queued = self._queued_by_tier()
+        for slot in free:
+            if not queued.get(slot.tier):
+                continue
+            attempt = self.ledger.lease_next(slot.name, slot.tier, handle={"backend": slot.backend})
+            if attempt is None:
+                queued[slot.tier] = 0
+                continue
+            queued[slot.tier] -= 1
+            spec = self._spec(attempt)
+            try:
+                handle = {"backend": slot.backend, **self._backend(slot).launch(slot, spec)}
+            except NightlabError as e:
+                self.ledger.finish_attempt(attempt.id, outcome="invalid", detail=f"could not launch: {e}")
+                continue
+            self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
+            self.active[slot.name] = _Active(slot, attempt, spec, handle, time.time() + spec.timeout)
+        return any(queued.get(t) for t in {s.tier for s in self.slots})
+
+    def _queued_by_tier(self) -> dict[str, int]:
+        return self.ledger.queued_counts()

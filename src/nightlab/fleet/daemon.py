@@ -1,0 +1,174 @@
+"""Starting, finding and stopping a lab's controller.
+
+One controller per lab: it holds an exclusive `flock` on `.nightlab/controller.lock` for
+its whole life. The kernel drops that lock when the process dies, however it dies, so a
+stale lock can never block a restart and no pid file has to be trusted.
+
+Run in the background as `python -m nightlab.fleet.daemon LAB_DIR [--cpu-slots N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from nightlab.errors import ControllerError
+
+START_TIMEOUT = 20.0
+
+
+def _lock_path(lab_dir: Path) -> Path:
+    return lab_dir / ".nightlab" / "controller.lock"
+
+
+@contextmanager
+def _try_lock(lab_dir: Path, *, patience: float = 0.0) -> Iterator[IO[str] | None]:
+    """Yield the open lock file when we got the lock, None when a controller holds it.
+
+    `patience` retries for that many seconds: a starting controller must not give up
+    because some `submit` was probing the lock at that instant.
+    """
+    path = _lock_path(lab_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    deadline = time.time() + patience
+    try:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() >= deadline:
+                    yield None
+                    return
+                time.sleep(0.02)
+        yield f
+    finally:
+        f.close()
+
+
+def running_pid(lab_dir: Path) -> int | None:
+    """The pid of the lab's live controller, or None."""
+    with _try_lock(lab_dir) as got:
+        if got is not None:
+            return None
+    try:
+        text = (lab_dir / ".nightlab" / "controller.pid").read_text().strip()
+        return int(text) if text else -1
+    except (FileNotFoundError, ValueError):
+        return -1  # starting up: the lock is held but the pid not yet written
+
+
+def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool = True) -> int:
+    """Start the controller as a detached process and return its pid.
+
+    Raises:
+        ControllerError: one is already running, or it did not come up.
+    """
+    pid = running_pid(lab_dir)
+    if pid is not None:
+        raise ControllerError(
+            f"a controller is already running for this lab (pid {pid}); stop it with `nightlab fleet stop`"
+        )
+    log_path = lab_dir / ".nightlab" / "controller.log"
+    args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir)]
+    if cpu_slots:
+        args += ["--cpu-slots", str(cpu_slots)]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    if not wait:
+        return proc.pid
+    deadline = time.time() + START_TIMEOUT
+    while time.time() < deadline:
+        if running_pid(lab_dir) not in (None, -1):
+            return proc.pid
+        code = proc.poll()
+        if code is not None:
+            if code == 3:  # lost the race to another starter: that one runs
+                return running_pid(lab_dir) or proc.pid
+            raise ControllerError(f"the controller exited at start (code {code}); see {log_path}")
+        time.sleep(0.02)
+    raise ControllerError(f"the controller did not start within {START_TIMEOUT:.0f} s; see {log_path}")
+
+
+def ensure_running(lab_dir: Path) -> int | None:
+    """Start a controller unless one runs; returns the new pid, or None if one was running."""
+    if running_pid(lab_dir) is not None:
+        return None
+    return start_background(lab_dir, wait=False)
+
+
+def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
+    """Ask the controller to stop (its runs are requeued) and wait; returns its pid or None."""
+    pid = running_pid(lab_dir)
+    if pid is None:
+        return None
+    from nightlab.ledger import open_ledger
+
+    with open_ledger(lab_dir) as ledger:
+        ledger.request_controller_stop()
+    if pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if running_pid(lab_dir) is None:
+            return pid
+        time.sleep(0.05)
+    raise ControllerError(
+        f"the controller (pid {pid}) did not stop within {timeout:.0f} s; kill it with `kill {pid}`"
+    )
+
+
+def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
+    """Run the controller in this process while holding the lab's lock. Returns an exit code."""
+    from nightlab.config import load_config
+    from nightlab.fleet.controller import Controller, build_slots
+    from nightlab.ledger import open_ledger
+
+    with _try_lock(lab_dir, patience=0.5) as lock:
+        if lock is None:
+            print(f"nightlab: a controller already runs for {lab_dir}", file=sys.stderr)
+            return 3
+        pid_file = lab_dir / ".nightlab" / "controller.pid"
+        pid_file.write_text(str(os.getpid()))
+        try:
+            config = load_config(lab_dir / "nightlab.toml")
+            slots, backends = build_slots(config, cpu_slots=cpu_slots)
+            with open_ledger(lab_dir) as ledger:
+                controller = Controller(lab_dir, config, ledger, slots=slots, backends=backends)
+                signal.signal(signal.SIGTERM, controller.request_stop)
+                signal.signal(signal.SIGINT, controller.request_stop)
+                controller.run()
+        finally:
+            pid_file.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nightlab.fleet.daemon")
+    parser.add_argument("lab_dir", type=Path)
+    parser.add_argument(
+        "--cpu-slots", type=int, default=None, help="number of CPU slots (default: from nightlab.toml)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(args.lab_dir.resolve(), cpu_slots=args.cpu_slots)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The local backend: each attempt is a process group on this machine.
+
+The target runs under a tiny shell wrapper in its own session, with stdout and stderr
+going straight to `log.txt` and its exit status written to a file when it ends. So the
+run does not depend on the controller: if the controller is killed (even with SIGKILL),
+the run goes on, and the next controller finds its status file, or its live process,
+and takes over. A run whose process is gone without a status file died from outside
+(`infra`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from nightlab.config import PoolConfig
+from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.snapshots import materialise
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def local_slots(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[WorkerSlot]:
+    """The worker slots of a local pool: one per GPU, or N CPU slots with their thread counts."""
+    if pool.gpus:
+        return [
+            WorkerSlot(
+                name=f"{pool.tier}-gpu{g}",
+                tier=pool.tier,
+                backend="local",
+                env={"CUDA_VISIBLE_DEVICES": str(g)},
+                info={"gpu": g},
+            )
+            for g in pool.gpus
+        ]
+    n = cpu_slots or pool.slots
+    threads = pool.threads or max(1, (os.cpu_count() or 1) // n)
+    env = {var: str(threads) for var in _THREAD_VARS}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot must not grab a GPU behind the fleet's back
+    return [
+        WorkerSlot(
+            name=f"{pool.tier}-{i}", tier=pool.tier, backend="local", env=env, info={"threads": threads}
+        )
+        for i in range(n)
+    ]
+
+
+def _alive(pid: int, marker: str) -> bool:
+    """Whether `pid` is still our wrapper (and not a recycled pid of something else)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (macOS): trust the pid
+    return marker.encode() in cmdline
+
+
+def _find_pid(marker: str) -> int | None:
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+class LocalBackend(BaseBackend):
+    """Runs attempts as detached process groups (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def launch(self, slot: WorkerSlot, spec: RunSpec) -> dict[str, Any]:
+        work = spec.run_dir / "work"
+        if work.exists():
+            shutil.rmtree(work)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        materialise(spec.lab_dir, spec.snapshot, work)
+        script = spec.run_dir / "run.sh"
+        # The subshell keeps a target's own `exit` from skipping the status write;
+        # the tmp + mv makes the status file appear whole or not at all.
+        script.write_text(
+            f"cd {shlex.quote(str(work))} || exit 97\n"
+            f"(\n{spec.command}\n)\n"
+            "code=$?\n"
+            f"echo $code > {shlex.quote(str(spec.run_dir / 'exit.tmp'))} && "
+            f"mv {shlex.quote(str(spec.run_dir / 'exit.tmp'))} {shlex.quote(str(spec.run_dir / 'exit'))}\n"
+            "exit $code\n"
+        )
+        env = {**os.environ, **slot.env, **spec.env}
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(spec.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                ["/bin/sh", str(script)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self._children[proc.pid] = proc
+        return {"pid": proc.pid, "pgid": proc.pid, "marker": str(script)}
+
+    def poll(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> RunExit | None:
+        status_file = spec.run_dir / "exit"
+        marker = str(spec.run_dir / "run.sh")
+        # no pid: a controller died between launching and recording the handle
+        pid = handle.get("pid") or _find_pid(marker)
+        child = self._children.get(pid) if pid else None
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return None
+            del self._children[pid]
+            if status_file.exists():
+                return RunExit(int(status_file.read_text().strip() or "1"))
+            # the wrapper itself was killed: report the signal the way the shell would
+            return RunExit(code if code >= 0 else 128 - code)
+        if status_file.exists():
+            return RunExit(int(status_file.read_text().strip() or "1"))
+        if pid and _alive(pid, marker):
+            return None
+        if status_file.exists():  # it ended between the two checks
+            return RunExit(int(status_file.read_text().strip() or "1"))
+        return RunExit(None, lost=True, detail="process gone without an exit status")
+
+    def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None:
+        pgid = handle.get("pgid") or _find_pid(str(spec.run_dir / "run.sh"))
+        if not pgid:
+            return
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cleanup(self, spec: RunSpec) -> None:
+        # the snapshot stays in git; the materialised copy is only disk
+        shutil.rmtree(spec.run_dir / "work", ignore_errors=True)

@@ -1,0 +1,222 @@
+"""Reading a finished run: the summary block, the log tail, and the class of its end.
+
+Every target ends by printing a summary block (`---`, then `key: value` lines); the
+last block in the log wins. Logs can be huge (a target that prints every step for
+hours), so only the tail is ever read into memory. Classes of ending:
+
+    ok                 summary with the metric, exit code 0
+    crash:syntax       SyntaxError / IndentationError before anything ran
+    crash:exception    any other exception (detail: its last line), or a self-raised fatal signal
+    crash:oom          CUDA out of memory, MemoryError
+    crash:nan          the target's `FAIL` line, or a NaN / inf metric
+    crash:no-summary   exited 0 (or with an unexplained code) without a usable summary
+    timeout            the hard time limit was reached and the process group killed
+    infra              the process was killed from outside or vanished: retried elsewhere
+    invalid            the run says its result cannot be trusted (causality probe, data fingerprint)
+
+stdlib only: the controller imports this on its hot path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TAIL_BYTES = 256 * 1024
+KEEP_LOG_BYTES = 8 * 1024 * 1024
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_KEY_VALUE = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*:\s*(.*?)\s*$")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+_OOM = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|HIP out of memory|MPS backend out of memory|MemoryError"
+)
+# Signals a process only dies of when it raised them itself (its own bug), as opposed to
+# SIGKILL / SIGTERM / SIGHUP / SIGINT, which come from outside (OOM killer, preemption, operator).
+_SELF_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The class of a run's end, with a one-line explanation and the parsed summary."""
+
+    outcome: str
+    detail: str | None
+    metrics: dict[str, Any]
+
+    @property
+    def retry(self) -> bool:
+        return self.outcome == "infra"
+
+
+def clean_lines(text: str) -> list[str]:
+    """Lines as a terminal would show them: ANSI codes removed, `\\r` progress overwritten."""
+    text = _ANSI.sub("", text)
+    return [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in text.split("\n")]
+
+
+def _value(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_summary(text: str) -> dict[str, Any] | None:
+    """The last summary block in `text` as a dict, or None when there is none.
+
+    Numeric values become floats (`nan` included); others stay strings.
+    """
+    lines = clean_lines(text)
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].strip() != "---":
+            continue
+        block: dict[str, Any] = {}
+        for line in lines[start + 1 :]:
+            match = _KEY_VALUE.match(line)
+            if not match:
+                break
+            block[match.group(1)] = _value(match.group(2))
+        if block:
+            return block
+    return None
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The last `limit` bytes of a log, decoded leniently; empty when the file is missing."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if size > limit:
+        text = text.split("\n", 1)[-1]  # drop the partial first line
+    return text
+
+
+def trim_log(path: Path, keep: int = KEEP_LOG_BYTES) -> None:
+    """Cut a finished log down to its last `keep` bytes, so a chatty target cannot fill the disk."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size <= keep:
+        return
+    with open(path, "rb") as f:
+        f.seek(size - keep)
+        data = f.read()
+    tmp = path.with_suffix(".trim")
+    with open(tmp, "wb") as f:
+        f.write(f"[nightlab: {size - keep} earlier bytes of this log were dropped]\n".encode())
+        f.write(data.split(b"\n", 1)[-1])
+    os.replace(tmp, path)
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    """The final `Type: message` line of the last traceback in the lines, if any."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        # a SyntaxError in the main script prints no "Traceback" header
+        for line in reversed(lines):
+            if line.startswith(("SyntaxError", "IndentationError", "TabError")):
+                return line.strip()
+        return None
+    found = None
+    for line in lines[starts[-1] + 1 :]:
+        if line and not line[0].isspace() and _EXCEPTION_LINE.match(line.rstrip()):
+            found = line.strip()
+    return found
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify(
+    exit_code: int | None,
+    log_text: str,
+    *,
+    metric: str,
+    timed_out: bool = False,
+    lost: bool = False,
+    expected_fingerprint: str | None = None,
+) -> Outcome:
+    """Classify one attempt from its exit code and the tail of its log.
+
+    Args:
+        exit_code: the shell's status (128 + N when the target died of signal N);
+            negative N when the backend saw the signal directly; None when unknown.
+        log_text: the tail of the log (see `read_tail`).
+        metric: the summary key that must be present for `ok`.
+        timed_out: the runner killed it at the hard limit.
+        lost: the process vanished without leaving an exit status (worker death).
+        expected_fingerprint: the lab's data fingerprint; a different one is `invalid`.
+    """
+    summary = parse_summary(log_text) or {}
+    if timed_out:
+        return Outcome("timeout", "hard time limit reached; the process group was killed", summary)
+    lines = clean_lines(log_text)
+    signum = None
+    if exit_code is not None and exit_code < 0:
+        signum = -exit_code
+    elif exit_code is not None and exit_code > 128:
+        signum = exit_code - 128
+    exception = _last_exception(lines)
+
+    if metric in summary and exit_code == 0:
+        value = summary[metric]
+        if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
+            return Outcome("crash:nan", f"metric `{metric}` is {value}", summary)
+        reason = summary.get("invalid_reason")
+        if reason:
+            return Outcome("invalid", str(reason), summary)
+        found = summary.get("data_fingerprint")
+        if expected_fingerprint and found is not None and str(found) != expected_fingerprint:
+            return Outcome(
+                "invalid",
+                f"data fingerprint `{found}` differs from the lab's `{expected_fingerprint}`; "
+                "run `nightlab prepare` on that worker",
+                summary,
+            )
+        return Outcome("ok", None, summary)
+
+    fail = next((line.strip() for line in reversed(lines) if line.startswith("FAIL")), None)
+    if fail:
+        return Outcome("crash:nan", fail, summary)
+    if exception:
+        kind = exception.split(":", 1)[0]
+        if kind in ("SyntaxError", "IndentationError", "TabError"):
+            return Outcome("crash:syntax", exception, summary)
+        if _OOM.search(exception) or kind.endswith("OutOfMemoryError"):
+            return Outcome("crash:oom", exception, summary)
+        return Outcome("crash:exception", exception, summary)
+    if any(_OOM.search(line) for line in lines[-50:]):
+        return Outcome("crash:oom", "out of memory", summary)
+    if lost:
+        return Outcome("infra", "the run vanished without an exit status (worker lost)", summary)
+    if signum is not None:
+        name = _signal_name(signum)
+        if signum in {int(s) for s in _SELF_SIGNALS}:
+            return Outcome("crash:exception", f"died of {name}", summary)
+        return Outcome("infra", f"killed by {name} from outside", summary)
+    if exit_code == 0:
+        if summary:
+            return Outcome("crash:no-summary", f"summary block has no `{metric}`", summary)
+        return Outcome("crash:no-summary", "exited 0 without a summary block", summary)
+    if exit_code is None:
+        return Outcome("infra", "exit status unknown", summary)
+    if metric in summary:
+        return Outcome("crash:exception", f"printed a summary but exited with code {exit_code}", summary)
+    return Outcome("crash:exception", f"exited with code {exit_code} and no traceback", summary)

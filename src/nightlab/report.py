@@ -1,0 +1,152 @@
+"""Reports: `results.tsv` in the autoresearch format, a wider export, and `progress.png`.
+
+results.tsv is what existing autoresearch notebooks read, so its shape is fixed:
+tab-separated, header `commit <metric> memory_gb status description`, the short hash of
+the snapshot, memory = peak_vram_mb / 1024 with one decimal, crashes as 0.000000 / 0.0,
+status keep (adopted experiments and the baseline), discard or crash.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nightlab.config import LabConfig
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger
+
+_FIXED_WIDE = ("tier", "seed", "wave", "outcome", "verdict", "submitted_at", "started_at", "finished_at")
+
+
+def tsv_status(e: Experiment) -> str:
+    if not e.ok:
+        return "crash"
+    if e.adopted_at is not None or e.verdict in ("keep", "baseline"):
+        return "keep"
+    return "discard"
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False) -> str:
+    """The text of results.tsv (finished experiments in submission order)."""
+    metric = config.metric.name
+    exps = ledger.experiments(status=ExperimentStatus.FINISHED)
+    extra: list[str] = []
+    if wide:
+        keys = sorted({k for e in exps for k in e.metrics} - {metric, "peak_vram_mb"})
+        extra = [*_FIXED_WIDE, *keys]
+    lines = ["\t".join(["commit", metric, "memory_gb", "status", "description", *extra])]
+    for e in exps:
+        status = tsv_status(e)
+        value = e.metric(metric) if status != "crash" else None
+        vram = e.metric("peak_vram_mb") if status != "crash" else None
+        row = [
+            e.snapshot[:7],
+            f"{value:.6f}" if value is not None else "0.000000",
+            f"{vram / 1024:.1f}" if vram is not None else "0.0",
+            status,
+            _clean(e.description),
+        ]
+        if wide:
+            for col in _FIXED_WIDE:
+                v = getattr(e, col)
+                row.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
+            row += [_clean(str(e.metrics.get(k, ""))) for k in extra[len(_FIXED_WIDE) :]]
+        lines.append("\t".join(row))
+    return "\n".join(lines) + "\n"
+
+
+def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
+    """Every ok experiment as a dot in submission order, kept ones highlighted and labelled,
+    the running best of kept ones as a step line; one panel per tier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = config.metric.name
+    exps = [
+        e
+        for e in ledger.experiments(status=ExperimentStatus.FINISHED)
+        if e.ok and e.metric(metric) is not None
+    ]
+    tiers = sorted({e.tier for e in exps}) or ["-"]
+    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
+    better = min if config.metric.lower_is_better else max
+    for ax, tier in zip(axes[:, 0], tiers):
+        mine = [e for e in exps if e.tier == tier]
+        xs = [e.seq for e in mine]
+        ys = [e.metric(metric) for e in mine]
+        kept = [e for e in mine if tsv_status(e) == "keep"]
+        ax.scatter(xs, ys, s=14, color="#b0b0b0", label="discarded", zorder=2)
+        ax.scatter(
+            [e.seq for e in kept],
+            [e.metric(metric) for e in kept],
+            s=36,
+            color="#2a9d4b",
+            label="kept",
+            zorder=3,
+        )
+        best, step_x, step_y = None, [], []
+        for e in kept:
+            v = e.metric(metric)
+            best = v if best is None else better(best, v)
+            step_x.append(e.seq)
+            step_y.append(best)
+        if step_x:
+            step_x.append(max(xs))
+            step_y.append(step_y[-1])
+            ax.step(
+                step_x, step_y, where="post", color="#2a9d4b", linewidth=1.5, label="running best", zorder=1
+            )
+        labelled = set()
+        for e in kept:
+            if e.tree not in labelled:
+                labelled.add(e.tree)
+                ax.annotate(
+                    e.description[:40],
+                    (e.seq, e.metric(metric)),
+                    fontsize=7,
+                    rotation=20,
+                    xytext=(4, 6),
+                    textcoords="offset points",
+                    color="#1d6b34",
+                )
+        ax.set_title(f"tier {tier}: {len(mine)} ok runs, {len({e.tree for e in kept})} kept snapshots")
+        ax.set_xlabel("experiment #")
+        ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")
+        ax.grid(alpha=0.3)
+        if mine:
+            ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_report(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, *, wide: bool = False, plot: bool = True
+) -> list[Path]:
+    """Write results.tsv (and results-wide.tsv with `wide`) and progress.png into the lab."""
+    written = []
+    tsv = lab_dir / "results.tsv"
+    _atomic_write(tsv, results_tsv(ledger, config))
+    written.append(tsv)
+    if wide:
+        wide_path = lab_dir / "results-wide.tsv"
+        _atomic_write(wide_path, results_tsv(ledger, config, wide=True))
+        written.append(wide_path)
+    if plot:
+        png = lab_dir / "progress.png"
+        progress_png(ledger, config, png)
+        written.append(png)
+    return written
