@@ -1,0 +1,274 @@
+"""`nightlab tune`: measure the device paths of a lab's train.py and keep the fastest.
+
+A path can run correctly and still be catastrophically slow (on an RTX 5090 the stock setup
+trained at a few thousand tokens/s), so the choice of full-model compile, attention backend and
+DEVICE_BATCH_SIZE is measured, not guessed. Each candidate runs the lab's own train.py for a few
+steps in a fresh process (so one candidate's compile cache, allocator state or OOM cannot affect
+the next) with `NIGHTLAB_MAX_STEPS` and `NIGHTLAB_SKIP_EVAL` set; train.py reports steady-state
+tokens/s (its warmup steps excluded) and peak memory in its summary block. The fastest candidate
+that ran is written into the lab's train.py knobs (COMPILE, ATTENTION, DEVICE_BATCH_SIZE),
+byte-exact apart from those values.
+
+TOTAL_BATCH_SIZE is left alone: it changes the optimisation, not just the speed, so it is a
+research question for `nightlab submit`, not a device setting.
+
+Usage:
+    result = tune(Path("mylab"), steps=30)
+    result.best, result.written   # the winning row, the knob values written into train.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nightlab.errors import NightlabError, UsageError
+
+__all__ = ["Candidate", "TuneResult", "TuneRow", "tune"]
+
+_REQUIRED_KNOBS = ("DEVICE_BATCH_SIZE", "TOTAL_BATCH_SIZE", "COMPILE", "ATTENTION")
+_OOM_MARKERS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One device setting to measure: full-model compile on/off, attention backend, rows per pass."""
+
+    compile: str
+    attention: str
+    device_batch_size: int
+
+
+@dataclass(frozen=True)
+class TuneRow:
+    """The measurement of one candidate.
+
+    Attributes:
+        candidate: what was asked for.
+        status: "ok", "oom", "crash" or "timeout".
+        tok_per_sec: steady-state training tokens/s (warmup steps excluded); None unless ok.
+        peak_memory_mb: peak device memory (peak RSS on CPU); None unless ok.
+        compiled: whether the model actually ran compiled (a failed compile falls back to eager).
+        attention: the attention backend that actually ran.
+        detail: the last line of the output when the candidate failed.
+    """
+
+    candidate: Candidate
+    status: str
+    tok_per_sec: float | None = None
+    peak_memory_mb: float | None = None
+    compiled: bool | None = None
+    attention: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """All rows (in the order run), the fastest ok row, and the knob values written (empty if not written)."""
+
+    rows: list[TuneRow]
+    best: TuneRow
+    written: dict[str, str] = field(default_factory=dict)
+
+
+def _parse_summary(output: str) -> dict[str, str]:
+    """The last `---` block of `key: value` lines (the summary contract)."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "---"]
+    summary: dict[str, str] = {}
+    if starts:
+        for line in lines[starts[-1] + 1 :]:
+            key, sep, value = line.partition(":")
+            if sep and key.strip() and " " not in key.strip():
+                summary[key.strip()] = value.strip()
+    return summary
+
+
+def _default_batch_sizes(current: int, total: int, seq_len: int) -> list[int]:
+    """Half, same and double the current DEVICE_BATCH_SIZE, where gradient accumulation still divides."""
+    options = {max(1, current // 2), current, current * 2}
+    return sorted(b for b in options if total % (b * seq_len) == 0)
+
+
+def _run_candidate(workdir: Path, source: str, candidate: Candidate, steps: int, timeout: float) -> TuneRow:
+    from nightlab.search.knobs import set_knobs
+
+    variant = set_knobs(
+        source,
+        {
+            "COMPILE": repr(candidate.compile),
+            "ATTENTION": repr(candidate.attention),
+            "DEVICE_BATCH_SIZE": str(candidate.device_batch_size),
+        },
+    )
+    (workdir / "train.py").write_bytes(variant.encode("utf-8"))
+    env = {**os.environ, "NIGHTLAB_MAX_STEPS": str(steps), "NIGHTLAB_SKIP_EVAL": "1"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "train.py"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return TuneRow(candidate, "timeout", detail=f"no result within {timeout:g}s")
+    summary = _parse_summary(proc.stdout)
+    if proc.returncode != 0 or "tok_per_sec" not in summary:
+        tail = [line for line in proc.stdout.splitlines() if line.strip()]
+        status = "oom" if any(m in proc.stdout for m in _OOM_MARKERS) else "crash"
+        return TuneRow(candidate, status, detail=tail[-1][:200] if tail else f"exit {proc.returncode}")
+    try:
+        return TuneRow(
+            candidate,
+            "ok",
+            tok_per_sec=float(summary["tok_per_sec"]),
+            peak_memory_mb=float(summary.get("peak_vram_mb", "nan")),
+            compiled=summary.get("compile") == "on",
+            attention=summary.get("attention", candidate.attention),
+        )
+    except ValueError:
+        return TuneRow(candidate, "crash", detail=f"unreadable summary: {summary}")
+
+
+def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="nightlab tune: steady-state training throughput")
+    for column in ("compile", "attention", "batch", "status", "tok/s", "peak MB", "note"):
+        table.add_column(column, justify="right" if column in ("batch", "tok/s", "peak MB") else "left")
+    for row in rows:
+        c = row.candidate
+        ran = ""
+        if row.status == "ok" and (row.compiled != (c.compile == "on") or row.attention != c.attention):
+            ran = f"ran compile={'on' if row.compiled else 'off'} attention={row.attention}"
+        table.add_row(
+            c.compile,
+            c.attention,
+            str(c.device_batch_size),
+            row.status,
+            f"{row.tok_per_sec:,.0f}" if row.tok_per_sec is not None else "",
+            f"{row.peak_memory_mb:,.0f}" if row.peak_memory_mb is not None else "",
+            ("fastest " if row is best else "") + (ran or row.detail),
+            style="bold green" if row is best else None,
+        )
+    Console(stderr=True).print(table)
+
+
+def tune(
+    lab_dir: Path,
+    *,
+    steps: int = 30,
+    batch_sizes: Sequence[int] | None = None,
+    compiles: Sequence[str] | None = None,
+    attentions: Sequence[str] | None = None,
+    timeout: float = 900.0,
+    write: bool = True,
+    progress: bool = True,
+) -> TuneResult:
+    """Run every candidate for a few steps and write the fastest into the lab's train.py.
+
+    Args:
+        lab_dir: the lab (holds train.py and nightlab.toml with a [profile]).
+        steps: training steps per candidate; more than train.py's warmup steps (10 on CUDA).
+        batch_sizes: DEVICE_BATCH_SIZE values; default half, same and double the current one
+            (those that divide TOTAL_BATCH_SIZE / seq_len).
+        compiles: COMPILE values; default "on" and "off".
+        attentions: ATTENTION values; default every backend that works here (fa3 on Hopper, sdpa).
+        timeout: seconds allowed per candidate (a hung compile counts as "timeout").
+        write: whether to write the fastest choice into train.py.
+        progress: whether to print progress and the table on stderr.
+
+    Returns:
+        A `TuneResult`.
+
+    Raises:
+        UsageError: the lab has no train.py, train.py lacks a knob tune sets, or an option is bad.
+        NightlabError: every candidate failed (nothing is written).
+    """
+    from nightlab.harness.accel import ATTENTION_CHOICES, COMPILE_CHOICES, available_attention
+    from nightlab.harness.profiles import load_lab_profile
+    from nightlab.search.knobs import list_knobs, set_knobs
+
+    lab_dir = Path(lab_dir)
+    train_py = lab_dir / "train.py"
+    if not train_py.is_file():
+        raise UsageError(
+            f"no train.py in `{lab_dir}`; run tune in a lab made by `nightlab init --profile NAME`"
+        )
+    source = train_py.read_bytes().decode("utf-8")  # bytes: keep CRLF line endings as they are
+    knobs = {k.name: k.value for k in list_knobs(source)}
+    missing = [k for k in _REQUIRED_KNOBS if k not in knobs]
+    if missing:
+        raise UsageError(
+            f"train.py has no knob `{missing[0]}`; tune sets {', '.join(_REQUIRED_KNOBS)}: restore them from "
+            "the template"
+        )
+    if steps < 1:
+        raise UsageError(f"steps `{steps}` must be at least 1 (and above the warmup steps, 10 on CUDA)")
+    seq_len = load_lab_profile(lab_dir).seq_len
+    total = int(knobs["TOTAL_BATCH_SIZE"])
+    sizes = (
+        list(batch_sizes)
+        if batch_sizes
+        else _default_batch_sizes(int(knobs["DEVICE_BATCH_SIZE"]), total, seq_len)
+    )
+    for b in sizes:
+        if b < 1 or total % (b * seq_len):
+            raise UsageError(
+                f"batch size `{b}`: TOTAL_BATCH_SIZE {total} is not a multiple of {b} x seq_len {seq_len}"
+            )
+    compiles = list(compiles or ("on", "off"))
+    attentions = list(attentions or available_attention())
+    for value, choices, name in [(c, COMPILE_CHOICES, "compile") for c in compiles] + [
+        (a, ATTENTION_CHOICES, "attention") for a in attentions
+    ]:
+        if value not in choices:
+            raise UsageError(f"{name} `{value}` is not one of {', '.join(choices)}")
+    candidates = [Candidate(c, a, b) for c in compiles for a in attentions for b in sizes]
+
+    rows: list[TuneRow] = []
+    with tempfile.TemporaryDirectory(prefix="nightlab-tune-") as tmp:
+        workdir = Path(tmp) / "lab"
+        # The whole lab tree, since train.py may import its neighbours; not the git or nightlab state.
+        shutil.copytree(lab_dir, workdir, ignore=shutil.ignore_patterns(".git", ".nightlab"))
+        for i, candidate in enumerate(candidates, 1):
+            if progress:
+                print(
+                    f"tune {i}/{len(candidates)}: compile={candidate.compile} attention={candidate.attention} "
+                    f"DEVICE_BATCH_SIZE={candidate.device_batch_size} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            rows.append(_run_candidate(workdir, source, candidate, steps, timeout))
+
+    ok = [r for r in rows if r.status == "ok"]
+    best = max(ok, key=lambda r: r.tok_per_sec or 0.0) if ok else None
+    if progress:
+        _print_table(rows, best)
+    if best is None:
+        raise NightlabError(
+            f"every tune candidate failed (first: {rows[0].status}: {rows[0].detail}); "
+            "run `python train.py` in the lab to see why"
+        )
+    written = {
+        # What actually ran: a compile that fell back to eager is written as "off".
+        "COMPILE": repr("on" if best.compiled else "off"),
+        "ATTENTION": repr(best.attention),
+        "DEVICE_BATCH_SIZE": str(best.candidate.device_batch_size),
+    }
+    if write:
+        new = set_knobs(source, written)
+        tmp_path = train_py.with_name(".train.py.tune-tmp")
+        tmp_path.write_bytes(new.encode("utf-8"))
+        os.replace(tmp_path, train_py)
+    return TuneResult(rows, best, written if write else {})

@@ -1,0 +1,114 @@
+"""Tests for nightlab.harness.tune: candidates, measurement parsing, failures, writing the fastest choice.
+
+A synthetic train.py stands in for the GPT template: it prints a summary whose tokens/s depend on
+its knobs, fails for some, so the tests run in seconds. test_train.py runs the real template.
+Run: .venv/bin/python -m pytest -q tests/harness/test_tune.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nightlab.errors import NightlabError, UsageError
+from nightlab.harness.tune import tune
+
+NIGHTLAB_TOML = """\
+[profile]
+name = "test"
+dataset = "demo"
+vocab_size = 512
+seq_len = 16
+budget_seconds = 1.0
+eval_tokens = 64
+"""
+
+FAKE_TRAIN = """\
+import os
+DEVICE_BATCH_SIZE = 4  # rows
+TOTAL_BATCH_SIZE = 2**8
+ATTENTION = "auto"
+COMPILE = "auto"
+assert os.environ["NIGHTLAB_MAX_STEPS"] == "7" and os.environ["NIGHTLAB_SKIP_EVAL"] == "1"
+if DEVICE_BATCH_SIZE == 16:
+    raise SystemExit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+if DEVICE_BATCH_SIZE == 1:
+    raise SystemExit("RuntimeError: something else broke")
+ran_compiled = COMPILE == "on" and DEVICE_BATCH_SIZE != 8  # at 8 the compile "falls back" to eager
+print("step 00001 | loss 5.0")
+print("---")
+print(f"tok_per_sec:      {({2: 3000, 8: 4000}.get(DEVICE_BATCH_SIZE, 5000)) + (900 if ran_compiled else 0)}")
+print(f"peak_vram_mb:     {10.0 * DEVICE_BATCH_SIZE}")
+print(f"compile:          {'on' if ran_compiled else 'off'}")
+print("attention:        sdpa")
+"""
+
+
+@pytest.fixture
+def lab(tmp_path):
+    (tmp_path / "nightlab.toml").write_text(NIGHTLAB_TOML)
+    (tmp_path / "train.py").write_bytes(FAKE_TRAIN.replace("\n", "\r\n").encode())  # CRLF survives
+    return tmp_path
+
+
+def test_fastest_candidate_is_written_into_the_knobs(lab):
+    result = tune(lab, steps=7, compiles=["on", "off"], attentions=["sdpa"], progress=False)
+    # default batch sizes: half, same, double of 4 (all divide 256 / 16)
+    assert [(r.candidate.compile, r.candidate.device_batch_size) for r in result.rows] == [
+        ("on", 2), ("on", 4), ("on", 8), ("off", 2), ("off", 4), ("off", 8),
+    ]  # fmt: skip
+    assert all(r.status == "ok" for r in result.rows)
+    assert result.best.candidate == type(result.best.candidate)("on", "sdpa", 4)
+    assert result.best.tok_per_sec == 5900 and result.best.peak_memory_mb == 40.0
+    assert result.written == {"COMPILE": "'on'", "ATTENTION": "'sdpa'", "DEVICE_BATCH_SIZE": "4"}
+    expected = FAKE_TRAIN.replace('COMPILE = "auto"', "COMPILE = 'on'").replace(
+        'ATTENTION = "auto"', "ATTENTION = 'sdpa'"
+    )
+    assert (lab / "train.py").read_bytes() == expected.replace("\n", "\r\n").encode()
+
+
+def test_oom_and_crash_are_recorded_and_a_fallen_back_compile_is_written_as_off(lab, capsys):
+    result = tune(lab, steps=7, batch_sizes=[1, 8, 16], compiles=["on"], attentions=["sdpa"])
+    assert [r.status for r in result.rows] == ["crash", "ok", "oom"]
+    assert "something else broke" in result.rows[0].detail
+    assert result.best.candidate.device_batch_size == 8 and result.best.compiled is False
+    assert result.written["COMPILE"] == "'off'"  # asked for on, ran eager: the measurement is of eager
+    table = capsys.readouterr().err
+    assert "oom" in table and "fastest" in table
+
+
+def test_all_candidates_failing_writes_nothing(lab):
+    before = (lab / "train.py").read_bytes()
+    with pytest.raises(NightlabError, match="every tune candidate failed"):
+        tune(lab, steps=7, batch_sizes=[16], compiles=["off"], attentions=["sdpa"], progress=False)
+    assert (lab / "train.py").read_bytes() == before
+
+
+def test_write_false_leaves_train_py_alone(lab):
+    before = (lab / "train.py").read_bytes()
+    result = tune(
+        lab, steps=7, batch_sizes=[2], compiles=["off"], attentions=["sdpa"], write=False, progress=False
+    )
+    assert result.best.tok_per_sec == 3000 and result.written == {}
+    assert (lab / "train.py").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_sizes": [3]}, "batch size `3`"),
+        ({"compiles": ["maybe"]}, "compile `maybe`"),
+        ({"attentions": ["fa2"]}, "attention `fa2`"),
+        ({"steps": 0}, "steps `0`"),
+    ],
+)
+def test_bad_options_are_usage_errors(lab, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        tune(lab, **{"steps": 7, "progress": False, **kwargs})
+
+
+def test_missing_knob_or_train_py(lab, tmp_path):
+    (lab / "train.py").write_text(FAKE_TRAIN.replace('COMPILE = "auto"\n', ""))
+    with pytest.raises(UsageError, match="no knob `COMPILE`"):
+        tune(lab, progress=False)
+    with pytest.raises(UsageError, match="no train.py"):
+        tune(tmp_path / "nowhere", progress=False)
