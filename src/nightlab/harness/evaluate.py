@@ -15,7 +15,8 @@ vocabulary (padding for efficient matmuls) are dropped.
 
 Before scoring, `causality_probe` checks that the logits at positions <= t do not change when the
 tokens after t change (in every row, so mixing across the batch is caught as well). A model
-that peeks at the future would score an impossible val_bpb; it is reported invalid instead.
+that peeks at the future scores an impossible val_bpb; the result carries `invalid_reason`, and
+train.py prints it in the summary (`status: invalid`), which the fleet records as `invalid`.
 
 Usage:
     result = evaluate(model, profile, data_dir, batch_size=32, device="cuda", autocast=accel.autocast)
@@ -46,8 +47,9 @@ class EvalResult:
     """The outcome of `evaluate`.
 
     Attributes:
-        val_bpb: bits per byte over the profile's eval tokens; None when the model is invalid.
-        invalid_reason: why the model cannot be scored (e.g. not causal); None when valid.
+        val_bpb: bits per byte over the profile's eval tokens, as measured; None when the logits
+            have the wrong shape. Meaningless when `invalid_reason` is set (a leak makes it too good).
+        invalid_reason: why the result cannot be trusted (e.g. not causal); None when valid.
         tokens: target tokens scored (special tokens included in the count, not in the metric).
         seconds: wall-clock time of the probe plus the scoring.
     """
@@ -182,8 +184,8 @@ def evaluate(
         autocast: returns the precision context to call the model in.
 
     Returns:
-        An `EvalResult`; `invalid_reason` is set (and `val_bpb` None) when the model fails the probe
-        or returns logits of the wrong shape.
+        An `EvalResult`; `invalid_reason` is set when the model fails the probe or returns logits
+        of the wrong shape (then `val_bpb` is None).
 
     Raises:
         DataNotPreparedError: the data directory was never prepared.
@@ -201,15 +203,15 @@ def evaluate(
     if first is None:
         raise NightlabError(f"no validation batches in `{data_dir}`; re-run `nightlab prepare`")
     reason = causality_probe(model, first[0], vocab_size, autocast=autocast)
-    if reason is not None:
-        return EvalResult(None, reason, 0, time.perf_counter() - start)
 
     def all_batches() -> Iterable[tuple[Any, Any]]:
         yield first
         yield from batches
 
+    # A model that fails the probe is still scored: the (too good) number shows what the leak is
+    # worth, and the invalid reason travels with it so the fleet records `invalid`, not a result.
     try:
         val_bpb, tokens = bits_per_byte(model, all_batches(), token_bytes, autocast=autocast)
-    except _Invalid as e:  # the shape changed between batches
-        return EvalResult(None, str(e), 0, time.perf_counter() - start)
-    return EvalResult(val_bpb, None, tokens, time.perf_counter() - start)
+    except _Invalid as e:  # wrong logit shape: nothing to score
+        return EvalResult(None, reason or str(e), 0, time.perf_counter() - start)
+    return EvalResult(val_bpb, reason, tokens, time.perf_counter() - start)
