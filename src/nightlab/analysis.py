@@ -55,11 +55,6 @@ def noise_sigma(ledger: Ledger, metric: str, tier: str) -> tuple[float | None, i
     return (math.sqrt(ss / dof), dof) if dof else (None, 0)
 
 
-def baseline_tree(lab_dir: Path) -> str:
-    root = snapshots.git_text(lab_dir, "rev-list", "--max-parents=0", "HEAD").splitlines()[-1]
-    return snapshots.tree_of(lab_dir, root)
-
-
 def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> Figure | None:
     tree = snapshots.tree_of(lab_dir, "HEAD")
     return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))
@@ -93,15 +88,16 @@ def update_verdicts(ledger: Ledger, config: LabConfig, lab_dir: Path, experiment
         verdict = "invalid" if exp.outcome == "invalid" else "crash"
         ledger.set_verdict(exp.id, verdict)
         return verdict
-    head_tree = snapshots.tree_of(lab_dir, "HEAD")
-    if exp.tree == baseline_tree(lab_dir):
-        verdict = "baseline"
-    elif exp.tree == head_tree:
-        verdict = "keep"
+    siblings = ledger.experiments(tree=exp.tree, tier=exp.tier)
+    if exp.tree == snapshots.tree_of(lab_dir, "HEAD"):
+        # the incumbent's own runs: kept if it came from an adoption, else the starting point
+        verdict = (
+            "keep" if any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree)) else "baseline"
+        )
     else:
         decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier)
         verdict = decision.verdict if decision is not None else None
-    for other in ledger.experiments(tree=exp.tree, tier=exp.tier):
+    for other in siblings:
         if other.ok and other.verdict != verdict:
             ledger.set_verdict(other.id, verdict)
     return verdict

@@ -81,7 +81,7 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
     tiers = sorted({e.tier for e in exps}) or ["-"]
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
     better = min if config.metric.lower_is_better else max
-    for ax, tier in zip(axes[:, 0], tiers):
+    for ax, tier in zip(axes[:, 0], tiers, strict=True):
         mine = [e for e in exps if e.tier == tier]
         xs = [e.seq for e in mine]
         ys = [e.metric(metric) for e in mine]

@@ -40,7 +40,7 @@ def _try_lock(lab_dir: Path, *, patience: float = 0.0) -> Iterator[IO[str] | Non
     """
     path = _lock_path(lab_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
+    f = open(path, "a+")  # noqa: SIM115 - held for the life of the lock
     deadline = time.time() + patience
     try:
         while True:

@@ -57,7 +57,8 @@ class Outcome:
 def clean_lines(text: str) -> list[str]:
     """Lines as a terminal would show them: ANSI codes removed, `\\r` progress overwritten."""
     text = _ANSI.sub("", text)
-    return [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in text.split("\n")]
+    # a trailing \r is a CRLF ending; any other \r returns the cursor, so only its last part shows
+    return [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
 
 
 def _value(text: str) -> Any:
