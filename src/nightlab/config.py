@@ -73,12 +73,23 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """`[agent]`: how `nightlab agent run` starts and watches a coding agent (docs/agents.md)."""
+
+    default: str = "claude"  # the agent `--agent` defaults to
+    stall_seconds: float | None = None  # None: derived from target.timeout by the supervisor
+    max_restarts_per_hour: int = 6
+    commands: dict[str, str] = field(default_factory=dict)  # agent name -> command line (overrides built-ins)
+
+
+@dataclass(frozen=True)
 class LabConfig:
     target: TargetConfig
     metric: MetricConfig
     fleet: FleetConfig
     search: SearchConfig
     profile: dict[str, Any] | None = None
+    agent: AgentConfig = field(default_factory=AgentConfig)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -159,7 +170,7 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     Raises:
         ConfigError: naming the first bad or missing key.
     """
-    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile"})
+    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile", "agent"})
     t = _table(doc, "target")
     _no_unknown(t, "target", {"command", "editable", "timeout", "builtin"})
     editable = _get(t, "target", "editable", list)
@@ -215,7 +226,29 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     profile = doc.get("profile")
     if profile is not None and not isinstance(profile, dict):
         raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")
-    return LabConfig(target=target, metric=metric, fleet=fleet, search=search, profile=profile, raw=doc)
+
+    a = _table(doc, "agent", required=False)
+    _no_unknown(a, "agent", {"default", "stall_seconds", "max_restarts_per_hour", "commands"})
+    commands = _get(a, "agent", "commands", dict, {})
+    for name, line in commands.items():
+        if not isinstance(line, str) or not line.strip():
+            raise ConfigError(f"{CONFIG_NAME}: `agent.commands.{name}` must be a non-empty command line")
+    stall = _get(a, "agent", "stall_seconds", (int, float), None)
+    restarts = _get(a, "agent", "max_restarts_per_hour", int, 6)
+    if (stall is not None and stall <= 0) or restarts < 1:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `agent.stall_seconds` must be positive and `agent.max_restarts_per_hour` "
+            f"at least 1, got `{stall}` and `{restarts}`"
+        )
+    agent = AgentConfig(
+        default=_get(a, "agent", "default", str, "claude"),
+        stall_seconds=None if stall is None else float(stall),
+        max_restarts_per_hour=restarts,
+        commands=dict(commands),
+    )
+    return LabConfig(
+        target=target, metric=metric, fleet=fleet, search=search, profile=profile, agent=agent, raw=doc
+    )
 
 
 def load_config(path: Path) -> LabConfig:
