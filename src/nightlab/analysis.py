@@ -55,6 +55,21 @@ def noise_sigma(ledger: Ledger, metric: str, tier: str) -> tuple[float | None, i
     return (math.sqrt(ss / dof), dof) if dof else (None, 0)
 
 
+def baseline_figures(
+    config: LabConfig, experiments: list[Experiment], tiers: list[str]
+) -> dict[str, Figure | None]:
+    """The baseline's figure per tier: the ok runs of the first snapshot there with verdict `baseline`."""
+    metric = config.metric.name
+    out: dict[str, Figure | None] = {}
+    for t in tiers:
+        mine = [e for e in experiments if e.tier == t]
+        first = min((e for e in mine if e.verdict == "baseline"), key=lambda e: e.seq, default=None)
+        out[t] = (
+            None if first is None else figure(ok_values([e for e in mine if e.tree == first.tree], metric))
+        )
+    return out
+
+
 def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> Figure | None:
     tree = snapshots.tree_of(lab_dir, "HEAD")
     return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))

@@ -7,6 +7,35 @@ from nightlab.cli._common import console, emit_json, fmt, json_option, say, with
 DEFAULT_ROWS = 15
 
 
+def results_payload(lab, rows, incumbents) -> dict:
+    """The `--json` document of `nightlab results` (the dashboard serves the same one).
+
+    `rows` and `incumbents` are what `analysis.results` returned; `baseline` holds the
+    baseline's figure per tier, so "improvement since the baseline" is
+    `incumbent.tiers[t].mean - baseline.tiers[t].mean`.
+    """
+    from nightlab.analysis import baseline_figures
+
+    metric = lab.config.metric.name
+    return {
+        "metric": metric,
+        "direction": lab.config.metric.direction,
+        "incumbent": {
+            "commit": lab.head(),
+            "tiers": {t: (f.__dict__ if f else None) for t, f in incumbents.items()},
+        },
+        "baseline": {
+            "tiers": {
+                t: (f.__dict__ if f else None)
+                for t, f in baseline_figures(
+                    lab.config, [r.experiment for r in rows], list(incumbents)
+                ).items()
+            }
+        },
+        "experiments": [r.to_dict(metric) for r in rows],
+    }
+
+
 @click.command("results")
 @click.option("--tier", default=None, help="Only this tier (results are never compared across tiers).")
 @click.option(
@@ -29,17 +58,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
     metric = lab.config.metric.name
     rows, incumbents = results(lab.ledger, lab.config, lab.path, tier=tier)
     if as_json:
-        emit_json(
-            {
-                "metric": metric,
-                "direction": lab.config.metric.direction,
-                "incumbent": {
-                    "commit": lab.head(),
-                    "tiers": {t: (f.__dict__ if f else None) for t, f in incumbents.items()},
-                },
-                "experiments": [r.to_dict(metric) for r in rows],
-            }
-        )
+        emit_json(results_payload(lab, rows, incumbents))
         return
     from rich.table import Table
 
