@@ -191,7 +191,10 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
         (staging / CONFIG_NAME).write_text(config_text)
         from nightlab.config import parse_config, tomllib
 
-        parse_config(tomllib.loads(config_text))  # a bug in rendering must not leave a broken lab
+        config = parse_config(tomllib.loads(config_text))  # a bug in rendering must not leave a broken lab
+        from nightlab.agent.instructions import write_agent_files
+
+        write_agent_files(staging, config)  # program.md (or program.nightlab.md) and the SKILL.md
         gitignore = staging / ".gitignore"
         existing = gitignore.read_text() if gitignore.exists() else ""
         if ".nightlab/" not in existing.split():
@@ -452,6 +455,13 @@ class Lab:
             UsageError: the experiment did not finish ok, or editable files have uncommitted edits.
         """
         exp = self.ledger.get(experiment_id)
+        editable = self.config.target.editable
+        dirty = snapshots.is_dirty(self.path, editable)
+        if dirty:  # never overwritten, even with force: they may be the only copy of an idea
+            raise UsageError(
+                f"uncommitted edits in `{', '.join(dirty)}` would be overwritten; commit or restore them "
+                f"(`git checkout -- {' '.join(dirty)}`), then adopt again"
+            )
         if not exp.ok and not force:
             raise UsageError(
                 f"{exp.id} ended `{exp.outcome or exp.status.label}`; only a finished ok run can be adopted "
@@ -460,13 +470,6 @@ class Lab:
         if exp.verdict not in (None, "keep", "baseline") and not force:
             raise UsageError(
                 f"{exp.id} has verdict `{exp.verdict}`; adopt only `keep` verdicts (`--force` to override)"
-            )
-        editable = self.config.target.editable
-        dirty = snapshots.is_dirty(self.path, editable)
-        if dirty and not force:
-            raise UsageError(
-                f"uncommitted edits in `{', '.join(dirty)}` would be overwritten; commit or restore them "
-                f"(`git checkout -- {' '.join(dirty)}`), then adopt again"
             )
         changed = []
         for name in editable:

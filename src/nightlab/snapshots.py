@@ -125,7 +125,9 @@ def diff(lab_dir: Path, a: str | None, b: str, *, stat: bool = False) -> str:
 
 def is_dirty(lab_dir: Path, names: tuple[str, ...]) -> list[str]:
     """The editable files whose working-tree content differs from HEAD."""
-    out = git_text(lab_dir, "status", "--porcelain", "--", *names)
+    out = git(
+        lab_dir, "status", "--porcelain", "--", *names
+    ).decode()  # not stripped: column 1 may be a space
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 

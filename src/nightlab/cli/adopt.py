@@ -7,7 +7,7 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
 
 @click.command("adopt")
 @click.argument("experiment_id")
-@click.option("--force", is_flag=True, help="Whether or not to adopt a non-keep verdict or over local edits.")
+@click.option("--force", is_flag=True, help="Whether or not to adopt a run whose verdict is not `keep`.")
 @json_option
 @with_lab
 def command(lab, experiment_id, force, as_json) -> None:

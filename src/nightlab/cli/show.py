@@ -33,7 +33,12 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
     while tail and not tail[-1].strip():
         tail.pop()
-    diff = "" if no_diff else snapshots.diff(lab.path, e.parent, e.snapshot)
+    from nightlab.errors import SnapshotError
+
+    try:
+        diff = "" if no_diff else snapshots.diff(lab.path, e.parent, e.snapshot)
+    except SnapshotError as err:
+        diff = f"(diff unavailable: {err})"
     if as_json:
         data = e.to_dict()
         data.update(attempts=[a.to_dict() for a in attempts], diff=diff, log_tail=tail, log_path=log_path)

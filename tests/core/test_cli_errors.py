@@ -1,0 +1,99 @@
+"""Bad input: one clear line on stderr, exit code 2 (usage) or 1 (failed), ledger unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import nightlab, wait_json
+
+
+def count(lab: Path) -> int:
+    return len(json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)["experiments"])
+
+
+def one_error_line(proc) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_not_a_lab(tmp_path):
+    proc = nightlab("status", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "nightlab init" in one_error_line(proc)
+
+
+def test_broken_config_names_the_key(make_lab):
+    lab = make_lab()
+    toml = lab / "nightlab.toml"
+    good = toml.read_text()
+    toml.write_text(good.replace("timeout = 600", 'timeout = "ten minutes"'))
+    proc = nightlab("results", cwd=lab, check=False)
+    assert proc.returncode == 2 and "`target.timeout`" in one_error_line(proc)
+    toml.write_text(good + "\n[[[broken\n")
+    proc = nightlab("results", cwd=lab, check=False)
+    assert proc.returncode == 2 and "not valid TOML" in one_error_line(proc)
+
+
+def test_unknown_experiment(make_lab):
+    lab = make_lab()
+    for args in (("show", "e9999"), ("adopt", "e9999"), ("cancel", "e9999"), ("wait", "e9999")):
+        proc = nightlab(*args, cwd=lab, check=False)
+        assert proc.returncode == 2, args
+        assert "`e9999`" in one_error_line(proc)
+
+
+def test_bad_set_leaves_the_ledger_unchanged(make_lab):
+    lab = make_lab()
+    nightlab("submit", "-m", "baseline", "--no-start", cwd=lab)
+    before = count(lab)
+    refs_before = subprocess.run(["git", "for-each-ref"], cwd=lab, capture_output=True, text=True).stdout
+    missing = nightlab("submit", "-m", "x", "--set", "LRR=0.1", cwd=lab, check=False)
+    assert missing.returncode == 2 and "LR" in one_error_line(missing)
+    not_literal = nightlab("submit", "-m", "x", "--set", "LR=os.getcwd()", cwd=lab, check=False)
+    assert not_literal.returncode == 2
+    one_error_line(not_literal)
+    malformed = nightlab("submit", "-m", "x", "--set", "LR", cwd=lab, check=False)
+    assert malformed.returncode == 2 and "NAME=VALUE" in one_error_line(malformed)
+    assert count(lab) == before
+    assert (
+        subprocess.run(["git", "for-each-ref"], cwd=lab, capture_output=True, text=True).stdout == refs_before
+    )
+
+
+def test_init_refuses_a_non_empty_directory_and_a_missing_target(tmp_path, target_repo):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    proc = nightlab("init", "full", "--target", str(target_repo), cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "not empty" in one_error_line(proc)
+    proc = nightlab("init", "new", "--target", str(tmp_path / "nope"), cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and not (tmp_path / "new").exists()
+
+
+def test_a_snapshot_that_cannot_be_materialised(make_lab):
+    lab = make_lab(slots=1)
+    nightlab("fleet", "stop", cwd=lab, check=False)
+    eid = json.loads(
+        nightlab("submit", "-m", "x", "--set", "LR=0.05", "--no-start", "--json", cwd=lab).stdout
+    )[0]["id"]
+    # destroy the snapshot: drop its ref and prune the unreachable objects
+    subprocess.run(["git", "update-ref", "-d", f"refs/nightlab/{eid}"], cwd=lab, check=True)
+    subprocess.run(["git", "reflog", "expire", "--expire=now", "--all"], cwd=lab, check=True)
+    subprocess.run(["git", "gc", "-q", "--prune=now"], cwd=lab, check=True)
+    nightlab("fleet", "start", cwd=lab)
+    [done] = wait_json(lab, eid)
+    assert done["outcome"] == "invalid"
+    shown = json.loads(nightlab("show", eid, "--json", cwd=lab).stdout)
+    assert "cannot be materialised" in shown["detail"]
+    text = nightlab("show", eid, cwd=lab)
+    assert "diff unavailable" in text.stdout
+
+
+def test_second_fleet_start_is_refused(make_lab):
+    lab = make_lab()
+    nightlab("fleet", "start", cwd=lab)
+    proc = nightlab("fleet", "start", cwd=lab, check=False)
+    assert proc.returncode == 1 and "already running" in one_error_line(proc)
