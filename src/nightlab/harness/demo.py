@@ -306,7 +306,8 @@ class _Story:
             return (
                 f"{_a(adj).capitalize()} {self.jobs.draw(rng)} {verb[1]} {_count(1 + rng.below(4), thing)}."
             )
-        return f"{name} and {rng.pick(self.people)[0]} {rng.pick(_MOTION)[1]} {rng.pick(_ADVERBS)} past the {place}."
+        other = rng.pick([p for p in self.people if p[0] != name])[0]
+        return f"{name} and {other} {rng.pick(_MOTION)[1]} {rng.pick(_ADVERBS)} past the {place}."
 
     def _narrate(self) -> str:
         text = self.sentence()
