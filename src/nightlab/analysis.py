@@ -169,3 +169,63 @@ def results(
     ok = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.experiment.seq))
     rest = sorted((r for r in rows if r.value is None), key=lambda r: -r.experiment.seq)
     return ok + rest, incumbents
+
+
+@dataclass(frozen=True)
+class FleetEfficiency:
+    """Share of the held slot time of the latest controller session that went into training."""
+
+    efficiency: float | None
+    training_seconds: float
+    slot_seconds: float
+    slots: int
+    since: float
+    until: float
+
+
+def fleet_efficiency(ledger: Ledger) -> FleetEfficiency | None:
+    """Training seconds over held slot seconds for the latest controller session (local fleets).
+
+    The window runs from the controller's start to its last heartbeat (or to its stop event
+    once it has stopped). Held slot seconds are the registered workers times the window.
+    Training seconds: every ok experiment that finished in the window counts its
+    `training_seconds` metric (its run time when the target prints none), and every running
+    one its elapsed time, both clipped to the window; crashes, timeouts and cancellations
+    count nothing, since that slot time was held but wasted. Remote pools that scale to zero
+    are counted as held for the whole window, which understates their efficiency.
+
+    Returns:
+        The figures, or None when no controller has ever run in this lab.
+    """
+    record = ledger.controller()
+    if record is not None:
+        since, until = record.started_at, max(record.heartbeat_at, record.started_at)
+    else:
+        start = ledger._query(
+            "SELECT id, ts FROM events WHERE kind = 'controller-start' ORDER BY id DESC LIMIT 1"
+        )
+        if not start:
+            return None
+        stop = ledger._query(
+            "SELECT ts FROM events WHERE kind = 'controller-stop' AND id > ? ORDER BY id LIMIT 1",
+            (start[0]["id"],),
+        )
+        since = start[0]["ts"]
+        until = stop[0]["ts"] if stop else since
+    rows = ledger._query(
+        "SELECT e.status, e.started_at, e.finished_at, m.value AS training FROM experiments e"
+        " LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = 'training_seconds'"
+        " WHERE (e.status = ? AND e.outcome = 'ok' AND e.finished_at >= ?) OR e.status = ?",
+        (int(ExperimentStatus.FINISHED), since, int(ExperimentStatus.RUNNING)),
+    )
+    trained = 0.0
+    for r in rows:
+        start_ts = max(r["started_at"] or since, since)
+        if r["status"] == ExperimentStatus.RUNNING:
+            trained += max(0.0, until - start_ts)
+        else:
+            run = max(0.0, min(r["finished_at"], until) - start_ts)
+            trained += min(r["training"], run) if r["training"] is not None else run
+    slots = len(ledger.workers())
+    held = slots * max(0.0, until - since)
+    return FleetEfficiency(trained / held if held > 0 else None, trained, held, slots, since, until)

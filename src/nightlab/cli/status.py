@@ -9,6 +9,7 @@ from nightlab.cli._common import console, duration, emit_json, json_option, with
 
 def fleet_state(lab) -> dict:
     """The controller, workers, running experiments and queue, as plain data."""
+    from nightlab.analysis import fleet_efficiency
     from nightlab.fleet.daemon import running_pid
     from nightlab.ledger import ExperimentStatus
 
@@ -18,6 +19,7 @@ def fleet_state(lab) -> dict:
     queued = lab.ledger.experiments(status=ExperimentStatus.QUEUED, with_metrics=False)
     timeout = lab.config.target.timeout
     now = time.time()
+    efficiency = fleet_efficiency(lab.ledger)
     run_rows = []
     for e in running:
         attempts = lab.ledger.attempts(e.id)
@@ -41,6 +43,7 @@ def fleet_state(lab) -> dict:
             "heartbeat_age": now - record.heartbeat_at if record else None,
         },
         "workers": [w.to_dict() for w in lab.ledger.workers()],
+        "efficiency": efficiency.__dict__ if efficiency else None,
         "running": run_rows,
         "queued": [
             {"id": e.id, "tier": e.tier, "priority": e.priority, "description": e.description} for e in queued
