@@ -1,0 +1,531 @@
+"""Search strategies and the automatic research loop, as pure logic over callables.
+
+A strategy turns the incumbent's knobs and the history of finished runs into the next wave of
+proposals (knob -> source text for the searched knobs only; everything else stays as in the
+incumbent). Strategies keep no state that the history cannot rebuild, so a search interrupted
+at any point resumes by handing a fresh strategy the history from the ledger:
+
+- `FactorialStrategy`: a two-level design (full, or the highest-resolution fraction that fits the
+  wave) centred on the incumbent at +-step in coded units; the step halves after every wave
+  without an adoption and the search stops once it falls below `min_step`.
+- `OptunaStrategy`: Optuna's TPE (with the constant liar) or GP sampler through ask-and-tell, k
+  trials in flight at once, results told back as they arrive. On resume the history is replayed
+  into a fresh in-memory study with `add_trial`, so no Optuna storage needs to be kept.
+- `GreedyStrategy`: the autoresearch baseline, a sequential one-knob-at-a-time hill climb: try
+  each knob one step up and one step down from the incumbent; after all moves at a step failed,
+  halve the step.
+
+`run_loop` is `nightlab search`: propose a wave, submit it, wait, pick and judge the winner,
+adopt it, repeat until the wave budget or the deadline is spent. The caller supplies the
+ledger-backed callables, so the loop itself is tested with in-memory fakes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from nightlab.errors import UsageError
+from nightlab.search.designs import Design, two_level_design
+from nightlab.search.knobs import parse_value
+from nightlab.search.spaces import Choice, Dimension, IntRange, LogUniform, Pow2, Uniform
+
+__all__ = [
+    "BaseStrategy",
+    "FactorialStrategy",
+    "GreedyStrategy",
+    "LoopResult",
+    "Observation",
+    "OptunaStrategy",
+    "WaveSummary",
+    "make_strategy",
+    "run_loop",
+]
+
+Knobs = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished run of a proposal.
+
+    Attributes:
+        id: the experiment id.
+        knobs: the searched knobs' source text in this run.
+        value: the metric; None for a crashed or invalid run.
+        wave: index of the wave the run belonged to (0-based, in search order).
+        adopted: whether this run's knobs became the incumbent.
+    """
+
+    id: str
+    knobs: Knobs
+    value: float | None
+    wave: int = 0
+    adopted: bool = False
+
+
+def _key(knobs: Mapping[str, str], dims: Sequence[Dimension]) -> tuple:
+    """Identity of a configuration: the searched knobs' values (so `2**4` equals `16`)."""
+    return tuple(repr(parse_value(knobs[d.name])) if d.name in knobs else None for d in dims)
+
+
+def _since_adoption(history: Sequence[Observation]) -> list[Observation]:
+    """Observations from waves after the last adoption (earlier ones judged another incumbent)."""
+    last = max((o.wave for o in history if o.adopted), default=-1)
+    return [o for o in history if o.wave > last]
+
+
+class BaseStrategy(ABC):
+    """What every strategy implements.
+
+    `propose` returns up to `k` distinct proposals for the next wave, or an empty list when the
+    strategy has nothing left to try (converged or exhausted). It must depend only on its
+    arguments and the constructor's, plus what `tell` was given, so that replaying the history
+    into a fresh instance resumes the search. `tell` receives runs as they finish; strategies
+    that derive everything from `history` need not override it.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, dims: Sequence[Dimension], *, lower_is_better: bool = True, seed: int = 0) -> None:
+        if not dims:
+            raise UsageError("a search needs at least one space, e.g. --space `MATRIX_LR=log(0.01,0.08)`")
+        self.dims = tuple(dims)
+        self.lower_is_better = lower_is_better
+        self.seed = seed
+
+    @abstractmethod
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        """Up to `k` distinct proposals (searched knob -> source text)."""
+
+    def tell(self, observations: Sequence[Observation]) -> None:  # noqa: B027 - optional hook
+        """Receive finished runs."""
+
+    def _incumbent_value(self, dim: Dimension, incumbent: Mapping[str, str]) -> object:
+        if dim.name not in incumbent:
+            raise UsageError(f"the incumbent has no knob `{dim.name}`; check the --space names")
+        return parse_value(incumbent[dim.name])
+
+
+def _choice_position(dim: Choice, value: object) -> int | None:
+    try:
+        return dim.index(value)
+    except UsageError:
+        return None
+
+
+def _step_value(dim: Dimension, current: object, direction: int, step: float) -> object:
+    """The value `step` coded units from `current` in `direction` (+1 / -1), moving at least one notch."""
+    if isinstance(dim, Choice):
+        i = _choice_position(dim, current)
+        j = (0 if direction > 0 else len(dim.sources) - 1) if i is None else i + direction
+        return dim.values[min(max(j, 0), len(dim.sources) - 1)]
+    c = dim.coded(current)
+    value = dim.from_coded(c + direction * step)
+    s = step
+    # Integer scales can round a small step back onto the current value: widen until it moves.
+    while value == current and s < 2.0:
+        s *= 2
+        value = dim.from_coded(c + direction * s)
+    return value
+
+
+class FactorialStrategy(BaseStrategy):
+    """Two-level designs centred on the incumbent, shrinking while nothing wins.
+
+    Args:
+        step: half the distance between the two levels, in coded units ([-1, +1] is the space).
+        min_step: stop proposing once the step falls below this.
+    """
+
+    name = "factorial"
+
+    def __init__(
+        self,
+        dims: Sequence[Dimension],
+        *,
+        lower_is_better: bool = True,
+        seed: int = 0,
+        step: float = 0.5,
+        min_step: float = 1 / 16,
+    ) -> None:
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
+        self.step, self.min_step = step, min_step
+
+    def design(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> Design | None:
+        """The next wave's design (its coded levels feed `effects`), or None once converged."""
+        misses = len({o.wave for o in _since_adoption(history)})
+        step = self.step / 2**misses
+        if step < self.min_step:
+            return None
+        local: list[Dimension] = []
+        for dim in self.dims:
+            current = self._incumbent_value(dim, incumbent)
+            if isinstance(dim, Choice):
+                i = _choice_position(dim, current)
+                if i is None:
+                    low, high = dim.values[0], dim.values[1]
+                else:  # the incumbent against another value, a different one each wave
+                    others = [v for j, v in enumerate(dim.values) if j != i]
+                    low, high = current, others[misses % len(others)]
+            else:
+                c = dim.coded(current)
+                lo_c, hi_c = c - step, c + step
+                if lo_c < -1.0:
+                    lo_c, hi_c = -1.0, -1.0 + 2 * step
+                elif hi_c > 1.0:
+                    lo_c, hi_c = 1.0 - 2 * step, 1.0
+                low, high = dim.from_coded(lo_c), dim.from_coded(hi_c)
+                if low == high:
+                    low = _step_value(dim, high, -1, step)
+                    if low == high:
+                        high = _step_value(dim, low, +1, step)
+            local.append(Choice(dim.name, (dim.to_source(low), dim.to_source(high))))
+        if any(len(set(d.values)) < 2 for d in local):
+            return None  # a knob has no room left to move
+        return two_level_design(local, max_runs=k)
+
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        design = self.design(incumbent, history, k)
+        return [] if design is None else list(design.runs)
+
+
+class GreedyStrategy(BaseStrategy):
+    """One knob at a time, one step up and one step down from the incumbent (autoresearch's loop).
+
+    Args:
+        step: the move, in coded units.
+        min_step: stop once every move at a step below this has been tried.
+    """
+
+    name = "greedy"
+
+    def __init__(
+        self,
+        dims: Sequence[Dimension],
+        *,
+        lower_is_better: bool = True,
+        seed: int = 0,
+        step: float = 0.5,
+        min_step: float = 1 / 16,
+    ) -> None:
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
+        self.step, self.min_step = step, min_step
+
+    def _moves(self, incumbent: Mapping[str, str], step: float) -> list[Knobs]:
+        moves = []
+        for dim in self.dims:
+            current = self._incumbent_value(dim, incumbent)
+            for direction in (+1, -1):
+                value = _step_value(dim, current, direction, step)
+                if value != current:
+                    moves.append({dim.name: dim.to_source(value)})
+        return moves
+
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        # Every configuration measured so far is settled: earlier incumbents included.
+        tried = {_key({**incumbent, **o.knobs}, self.dims) for o in history}
+        step = self.step
+        out: list[Knobs] = []
+        keys: set[tuple] = set()
+        while step >= self.min_step and len(out) < k:
+            for move in self._moves(incumbent, step):
+                key = _key({**incumbent, **move}, self.dims)
+                if key not in tried and key not in keys and len(out) < k:
+                    out.append(move)
+                    keys.add(key)
+            step /= 2
+        return out
+
+
+def _distribution(dim: Dimension) -> Any:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(dim, Choice):
+        return CategoricalDistribution(list(dim.sources))
+    if isinstance(dim, Pow2):  # searched on the exponent
+        return IntDistribution(int(math.log2(dim.lo)), int(math.log2(dim.hi)))
+    if isinstance(dim, IntRange):
+        return IntDistribution(int(dim.lo), int(dim.hi))
+    if isinstance(dim, (Uniform, LogUniform)):
+        return FloatDistribution(float(dim.lo), float(dim.hi), log=isinstance(dim, LogUniform))
+    raise TypeError(f"no Optuna distribution for {type(dim).__name__}")
+
+
+def _param_to_source(dim: Dimension, param: Any) -> str:
+    if isinstance(dim, Choice):
+        return str(param)
+    if isinstance(dim, Pow2):
+        return f"2**{int(param)}"
+    if isinstance(dim, IntRange):
+        return str(int(param))
+    return dim.to_source(float(param))
+
+
+def _source_to_param(dim: Dimension, source: str) -> Any | None:
+    """The Optuna parameter of a knob value, or None when it lies outside the space."""
+    value = parse_value(source)
+    if isinstance(dim, Choice):
+        i = _choice_position(dim, value)
+        return None if i is None else dim.sources[i]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not dim.lo <= value <= dim.hi:  # type: ignore[attr-defined]
+        return None
+    if isinstance(dim, Pow2):
+        exponent = math.log2(value)
+        return int(exponent) if exponent.is_integer() else None
+    if isinstance(dim, IntRange):
+        return int(value) if float(value).is_integer() else None
+    return float(value)
+
+
+class OptunaStrategy(BaseStrategy):
+    """Bayesian optimisation through Optuna's ask-and-tell interface.
+
+    Args:
+        sampler: `tpe` (TPESampler, multivariate, constant liar: trials in flight count as
+            already measured at a pessimistic value, so a batch spreads out) or `gp` (GPSampler,
+            which conditions on running trials itself).
+        n_startup_trials: random trials before the model takes over.
+    """
+
+    name = "optuna"
+
+    def __init__(
+        self,
+        dims: Sequence[Dimension],
+        *,
+        lower_is_better: bool = True,
+        seed: int = 0,
+        sampler: str = "tpe",
+        n_startup_trials: int = 8,
+    ) -> None:
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
+        if sampler not in ("tpe", "gp"):
+            raise UsageError(f"unknown sampler `{sampler}`; use tpe or gp")
+        self.sampler = sampler
+        self.n_startup_trials = n_startup_trials
+        self._study: Any = None
+        self._pending: dict[tuple, Any] = {}
+        self._told: set[str] = set()
+
+    @property
+    def study(self) -> Any:
+        """The in-memory Optuna study (created on first use)."""
+        if self._study is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            if self.sampler == "tpe":
+                sampler = optuna.samplers.TPESampler(
+                    seed=self.seed,
+                    multivariate=True,
+                    constant_liar=True,
+                    n_startup_trials=self.n_startup_trials,
+                )
+            else:
+                sampler = optuna.samplers.GPSampler(seed=self.seed, n_startup_trials=self.n_startup_trials)
+            direction = "minimize" if self.lower_is_better else "maximize"
+            self._study = optuna.create_study(sampler=sampler, direction=direction)
+        return self._study
+
+    def tell(self, observations: Sequence[Observation]) -> None:
+        """Tell finished runs: pending trials are completed, unknown ones (a resume) added."""
+        from optuna.trial import TrialState, create_trial
+
+        distributions = {d.name: _distribution(d) for d in self.dims}
+        for obs in observations:
+            if obs.id in self._told:
+                continue
+            self._told.add(obs.id)
+            key = _key(obs.knobs, self.dims)
+            state = TrialState.COMPLETE if obs.value is not None else TrialState.FAIL
+            if key in self._pending:
+                trial = self._pending.pop(key)
+                self.study.tell(trial, obs.value if obs.value is not None else None, state=state)
+                continue
+            params = {d.name: _source_to_param(d, obs.knobs.get(d.name, "None")) for d in self.dims}
+            if any(p is None for p in params.values()):
+                continue  # measured outside the space (e.g. the starting incumbent): nothing to learn
+            self.study.add_trial(
+                create_trial(params=params, distributions=distributions, value=obs.value, state=state)
+            )
+
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        from optuna.trial import TrialState
+
+        self.tell(history)
+        distributions = {d.name: _distribution(d) for d in self.dims}
+        out: list[Knobs] = []
+        # A small space runs out of new points: give up after 20 duplicate draws per wanted trial.
+        for _ in range(20 * k):
+            if len(out) == k:
+                break
+            trial = self.study.ask(distributions)
+            knobs = {d.name: _param_to_source(d, trial.params[d.name]) for d in self.dims}
+            key = _key(knobs, self.dims)
+            if key in self._pending:
+                self.study.tell(trial, state=TrialState.FAIL)  # a duplicate: drop it from the study
+                continue
+            self._pending[key] = trial
+            out.append(knobs)
+        return out
+
+
+def make_strategy(name: str, dims: Sequence[Dimension], **options: Any) -> BaseStrategy:
+    """The strategy called `name` (`factorial`, `optuna`, `greedy`).
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    for cls in (FactorialStrategy, OptunaStrategy, GreedyStrategy):
+        if cls.name == name:
+            return cls(dims, **options)
+    raise UsageError(f"unknown strategy `{name}`; use factorial, optuna or greedy")
+
+
+# --- the research loop ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WaveSummary:
+    """What one wave of the loop did; `line()` is what `nightlab search` prints."""
+
+    index: int
+    wave_id: str
+    proposed: int
+    finished: int
+    crashed: int
+    best: Observation | None
+    adopted: Observation | None
+    verdict: str | None
+
+    def line(self, metric: str = "metric") -> str:
+        text = f"wave {self.index + 1} {self.wave_id}: {self.finished}/{self.proposed} runs"
+        if self.crashed:
+            text += f", {self.crashed} crashed"
+        if self.best is not None and self.best.value is not None:
+            text += f", best {metric} {self.best.value:.6f} ({self.best.id})"
+        if self.adopted is not None:
+            text += f", adopted {self.adopted.id}"
+        elif self.verdict is not None:
+            text += f", {self.verdict}"
+        return text
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """The end of `run_loop`: every wave it ran, the final incumbent and why it stopped."""
+
+    waves: tuple[WaveSummary, ...]
+    incumbent: Knobs
+    stopped: str  # "waves", "deadline" or "converged"
+
+
+SubmitWave = Callable[[list[Knobs], int], str]
+WaitWave = Callable[[str], list[Observation]]
+Decide = Callable[[str, list[Observation]], tuple[Observation | None, str | None]]
+Adopt = Callable[[Observation], None]
+
+
+def run_loop(
+    strategy: BaseStrategy,
+    *,
+    incumbent: Mapping[str, str],
+    wave_size: int,
+    submit_wave: SubmitWave,
+    wait_wave: WaitWave,
+    decide: Decide,
+    adopt: Adopt,
+    waves: int | None = None,
+    deadline: float | None = None,
+    history: Sequence[Observation] = (),
+    waves_done: int = 0,
+    resume_wave: str | None = None,
+    on_wave: Callable[[WaveSummary], None] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> LoopResult:
+    """Run waves until `waves` are done or `deadline` passes: propose, run, judge, adopt.
+
+    Args:
+        strategy: proposes each wave.
+        incumbent: the searched knobs' source text in the incumbent.
+        wave_size: proposals per wave (k).
+        submit_wave: (proposals, wave index) -> wave id; runs the proposals on top of the incumbent.
+        wait_wave: wave id -> its finished runs as Observations (blocks until all finished).
+        decide: (wave id, its observations) -> (the run to adopt or None, the verdict word of the
+            wave's best run or None). This is where the incumbent's figure, the noise floor, the
+            re-measurement of a stale incumbent and `decide.best_of_wave` come in.
+        adopt: make an observation's knobs the incumbent (git adoption in the lab).
+        waves: total waves of this search, counting the `waves_done` before a resume.
+        deadline: a `clock()` time after which no new wave starts.
+        history: observations of this search so far (from the ledger, on resume).
+        waves_done: waves already finished and judged before a resume.
+        resume_wave: the id of a wave submitted before an interruption but not yet judged; it is
+            waited for and judged first.
+        on_wave: called with each wave's summary (print `summary.line()`).
+        clock: the time source for `deadline`.
+
+    Raises:
+        UsageError: neither `waves` nor `deadline` given, or `wave_size` < 1.
+    """
+    if waves is None and deadline is None:
+        raise UsageError("the search needs a budget: give --waves N or --hours H")
+    if wave_size < 1:
+        raise UsageError(f"--wave-size must be at least 1, got `{wave_size}`")
+    current: Knobs = dict(incumbent)
+    past = list(history)
+    strategy.tell(past)
+    summaries: list[WaveSummary] = []
+    index = waves_done
+    stopped = "converged"
+    pending = resume_wave
+    while True:
+        if pending is None:
+            if waves is not None and index >= waves:
+                stopped = "waves"
+                break
+            if deadline is not None and clock() >= deadline:
+                stopped = "deadline"
+                break
+            proposals = strategy.propose(current, past, wave_size)
+            if not proposals:
+                break
+            pending, proposed = submit_wave(proposals, index), len(proposals)
+        else:
+            proposed = 0  # a resumed wave: its size is what comes back
+        observations = [replace(o, wave=index) for o in wait_wave(pending)]
+        proposed = proposed or len(observations)
+        strategy.tell(observations)
+        winner, verdict = decide(pending, observations)
+        if winner is not None:
+            adopt(winner)
+            current = {**current, **winner.knobs}
+            observations = [replace(o, adopted=o.id == winner.id) for o in observations]
+        past += observations
+        finished = [o for o in observations if o.value is not None]
+        best = None
+        if finished:
+            pick = min if strategy.lower_is_better else max
+            best = pick(finished, key=lambda o: o.value)
+        summary = WaveSummary(
+            index=index,
+            wave_id=pending,
+            proposed=proposed,
+            finished=len(finished),
+            crashed=len(observations) - len(finished),
+            best=best,
+            adopted=winner,
+            verdict=verdict,
+        )
+        summaries.append(summary)
+        if on_wave is not None:
+            on_wave(summary)
+        index += 1
+        pending = None
+    return LoopResult(tuple(summaries), current, stopped)

@@ -1,0 +1,311 @@
+"""Tests for nightlab.search.strategies: factorial, greedy and Optuna strategies and the research loop.
+
+The loop runs against an in-memory fake lab: a known objective plus Gaussian noise, the
+incumbent re-measured four times after each adoption, and `best_of_wave` as the judge.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_strategies.py
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from nightlab.errors import UsageError
+from nightlab.search.decide import best_of_wave
+from nightlab.search.knobs import parse_value
+from nightlab.search.spaces import parse_space
+from nightlab.search.strategies import (
+    FactorialStrategy,
+    GreedyStrategy,
+    Observation,
+    OptunaStrategy,
+    make_strategy,
+    run_loop,
+)
+
+# --- factorial ------------------------------------------------------------------------------
+
+
+def test_factorial_centres_a_two_level_design_on_the_incumbent() -> None:
+    dims = [parse_space("X=uniform(0,1)"), parse_space("Y=uniform(0,1)"), parse_space("P=a,b,c")]
+    strategy = FactorialStrategy(dims, step=0.25)
+    incumbent = {"X": "0.5", "Y": "0.1", "P": "'b'"}
+    design = strategy.design(incumbent, [], 8)
+    assert design.kind == "full" and len(design) == 8
+    assert {r["X"] for r in design.runs} == {"0.375", "0.625"}  # 0.5 +- 0.25 coded = +-0.125
+    assert {r["Y"] for r in design.runs} == {"0.0", "0.25"}  # clipped at the edge, width kept
+    assert {r["P"] for r in design.runs} == {"'b'", "'a'"}
+    # A wave without adoption halves the step and pairs the list knob with its next value.
+    history = [Observation(f"e{i}", r, 1.0, wave=0) for i, r in enumerate(design.runs)]
+    second = strategy.design(incumbent, history, 8)
+    assert {r["X"] for r in second.runs} == {"0.4375", "0.5625"}
+    assert {r["P"] for r in second.runs} == {"'b'", "'c'"}
+
+
+def test_factorial_uses_a_fraction_when_the_wave_is_small_and_stops_when_converged() -> None:
+    dims = [parse_space(f"K{i}=uniform(0,1)") for i in range(5)]
+    strategy = FactorialStrategy(dims, step=0.5, min_step=0.2)
+    incumbent = {f"K{i}": "0.5" for i in range(5)}
+    design = strategy.design(incumbent, [], 16)
+    assert (design.kind, len(design), design.resolution) == ("fractional", 16, 5)
+    with pytest.raises(UsageError, match="raise --wave-size to 8"):
+        strategy.propose(incumbent, [], 4)
+    history = [Observation(f"e{w}", {}, 1.0, wave=w) for w in range(2)]  # two misses: step 0.125 < 0.2
+    assert strategy.propose(incumbent, history, 16) == []
+
+
+def test_factorial_integer_knob_always_moves() -> None:
+    strategy = FactorialStrategy([parse_space("D=int(4,6)")], step=0.05, min_step=0.01)
+    runs = strategy.propose({"D": "5"}, [], 2)
+    assert len({r["D"] for r in runs}) == 2
+
+
+def test_missing_incumbent_knob() -> None:
+    with pytest.raises(UsageError, match="no knob `X`"):
+        FactorialStrategy([parse_space("X=uniform(0,1)")]).propose({}, [], 4)
+
+
+# --- greedy ---------------------------------------------------------------------------------
+
+
+def test_greedy_moves_one_knob_at_a_time_then_halves_the_step() -> None:
+    dims = [parse_space("X=uniform(0,1)"), parse_space("D=int(0,8)")]
+    strategy = GreedyStrategy(dims, step=0.5, min_step=0.25)
+    incumbent = {"X": "0.5", "D": "4"}
+    first = strategy.propose(incumbent, [], 2)
+    assert first == [{"X": "0.75"}, {"X": "0.25"}]
+    history = [Observation(f"e{i}", {**incumbent, **m}, 1.0, wave=0) for i, m in enumerate(first)]
+    second = strategy.propose(incumbent, history, 2)
+    assert second == [{"D": "6"}, {"D": "2"}]
+    history += [Observation(f"e{i + 2}", {**incumbent, **m}, 1.0, wave=1) for i, m in enumerate(second)]
+    assert strategy.propose(incumbent, history, 4) == [{"X": "0.625"}, {"X": "0.375"}, {"D": "5"}, {"D": "3"}]
+    history += [
+        Observation("x1", {"X": "0.625", "D": "4"}, 1.0, wave=3),
+        Observation("x2", {"X": "0.375", "D": "4"}, 1.0, wave=3),
+        Observation("x3", {"X": "0.5", "D": "5"}, 1.0, wave=3),
+        Observation("x4", {"X": "0.5", "D": "3"}, 1.0, wave=3),
+    ]
+    assert strategy.propose(incumbent, history, 2) == []  # every move down to min_step tried
+
+
+def test_greedy_list_knob_steps_to_neighbours() -> None:
+    strategy = GreedyStrategy([parse_space("P=a,b,c")])
+    assert strategy.propose({"P": "'a'"}, [], 4) == [{"P": "'b'"}]
+
+
+# --- optuna ---------------------------------------------------------------------------------
+
+QUAD_DIMS = [parse_space("X=uniform(-2,2)"), parse_space("Y=uniform(-2,2)")]
+
+
+def quadratic(knobs: dict[str, str]) -> float:
+    return (float(knobs["X"]) - 0.7) ** 2 + (float(knobs["Y"]) + 0.3) ** 2
+
+
+def run_optuna(strategy: OptunaStrategy, waves: int, k: int) -> list[list[Observation]]:
+    history: list[Observation] = []
+    out = []
+    for w in range(waves):
+        proposals = strategy.propose({}, history, k)
+        assert len(proposals) == k
+        assert len({tuple(sorted(p.items())) for p in proposals}) == k
+        wave = [Observation(f"e{w}-{i}", p, quadratic(p), wave=w) for i, p in enumerate(proposals)]
+        strategy.tell(wave)
+        history += wave
+        out.append(wave)
+    return out
+
+
+def test_optuna_tpe_proposes_distinct_batches_and_improves() -> None:
+    waves = run_optuna(OptunaStrategy(QUAD_DIMS, seed=0, n_startup_trials=8), waves=8, k=4)
+    random_phase = [o.value for w in waves[:2] for o in w]
+    model_phase = [o.value for w in waves[-3:] for o in w]
+    assert min(model_phase) < min(random_phase)
+    assert sum(model_phase) / len(model_phase) < sum(random_phase) / len(random_phase)
+    assert min(o.value for w in waves for o in w) < 0.05
+
+
+def test_optuna_gp_sampler() -> None:
+    waves = run_optuna(OptunaStrategy(QUAD_DIMS, seed=0, sampler="gp", n_startup_trials=4), waves=3, k=4)
+    assert min(o.value for o in waves[-1]) < min(o.value for o in waves[0])
+
+
+def test_optuna_resumes_by_replaying_history() -> None:
+    first = OptunaStrategy(QUAD_DIMS, seed=1)
+    history = [o for w in run_optuna(first, waves=3, k=4) for o in w]
+    history.append(Observation("crash", {"X": "0.1", "Y": "0.1"}, None, wave=3))
+    history.append(Observation("outside", {"X": "5.0", "Y": "0.0"}, 1.0, wave=3))  # e.g. the start point
+    fresh = OptunaStrategy(QUAD_DIMS, seed=1)
+    proposals = fresh.propose({}, history, 4)
+    assert len(proposals) == 4
+    states = [t.state.name for t in fresh.study.trials]
+    assert states.count("COMPLETE") == 12 and states.count("FAIL") == 1 and states.count("RUNNING") == 4
+    # Telling the pending proposals completes those trials instead of adding new ones.
+    fresh.tell([Observation(f"n{i}", p, quadratic(p), wave=4) for i, p in enumerate(proposals)])
+    assert [t.state.name for t in fresh.study.trials].count("COMPLETE") == 16
+
+
+def test_optuna_small_space_returns_what_is_left_and_pow2_text() -> None:
+    strategy = OptunaStrategy([parse_space("P=a,b"), parse_space("BS=pow2(16,32)")], seed=0)
+    proposals = strategy.propose({}, [], 10)
+    assert sorted(tuple(sorted(p.items())) for p in proposals) == sorted(
+        (("BS", bs), ("P", p)) for bs in ("2**4", "2**5") for p in ("'a'", "'b'")
+    )
+
+
+def test_make_strategy() -> None:
+    assert isinstance(make_strategy("greedy", QUAD_DIMS), GreedyStrategy)
+    assert make_strategy("optuna", QUAD_DIMS, sampler="gp").sampler == "gp"
+    with pytest.raises(UsageError, match="unknown strategy `bayes`"):
+        make_strategy("bayes", QUAD_DIMS)
+    with pytest.raises(UsageError, match="unknown sampler"):
+        OptunaStrategy(QUAD_DIMS, sampler="cmaes")
+    with pytest.raises(UsageError, match="at least one space"):
+        GreedyStrategy([])
+
+
+# --- the loop -------------------------------------------------------------------------------
+
+
+class FakeLab:
+    """A lab in memory: the objective plus noise, the incumbent measured 4 times per adoption."""
+
+    def __init__(self, objective: Callable[[dict[str, str]], float], incumbent: dict[str, str], sigma: float):
+        self.objective, self.sigma = objective, sigma
+        self.rng = random.Random(7)
+        self.incumbent = dict(incumbent)
+        self.incumbent_values = self.measure_incumbent()
+        self.waves: dict[str, list[tuple[str, dict[str, str]]]] = {}
+        self.adopted: list[Observation] = []
+        self.runs = 0
+
+    def measure(self, knobs: dict[str, str]) -> float:
+        return self.objective(knobs) + self.rng.gauss(0.0, self.sigma)
+
+    def measure_incumbent(self) -> list[float]:
+        return [self.measure(self.incumbent) for _ in range(4)]
+
+    def submit(self, proposals: list[dict[str, str]], index: int) -> str:
+        wave_id = f"w{index + 1:03d}"
+        runs = []
+        for p in proposals:
+            self.runs += 1
+            runs.append((f"e{self.runs:04d}", {**self.incumbent, **p}))
+        self.waves[wave_id] = runs
+        return wave_id
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        return [Observation(i, k, self.measure(k)) for i, k in self.waves[wave_id]]
+
+    def decide(self, wave_id: str, observations: list[Observation]) -> tuple[Observation | None, str | None]:
+        picked = best_of_wave(
+            {o.id: [o.value] for o in observations if o.value is not None},
+            self.incumbent_values,
+            noise_sigma=self.sigma,
+        )
+        if picked is None:
+            return None, None
+        winner_id, decision = picked
+        winner = next(o for o in observations if o.id == winner_id)
+        return (winner if decision.verdict == "keep" else None), decision.verdict
+
+    def adopt(self, observation: Observation) -> None:
+        self.adopted.append(observation)
+        self.incumbent.update(observation.knobs)
+        self.incumbent_values = self.measure_incumbent()
+
+    def loop(self, strategy, **kwargs):
+        return run_loop(
+            strategy,
+            incumbent=self.incumbent,
+            submit_wave=self.submit,
+            wait_wave=self.wait,
+            decide=self.decide,
+            adopt=self.adopt,
+            **kwargs,
+        )
+
+
+LOOP_DIMS = [parse_space("LR=log(0.001,0.1)"), parse_space("DEPTH=int(2,12)")]
+
+
+def bowl(knobs: dict[str, str]) -> float:
+    """Best at LR = 0.01, DEPTH = 8; the start (0.001, 2) is 0.122 worse, 61 sigma."""
+    lr, depth = parse_value(knobs["LR"]), parse_value(knobs["DEPTH"])
+    return 1.0 + 0.05 * (math.log10(lr) + 2) ** 2 + 0.002 * (depth - 8) ** 2
+
+
+@pytest.mark.parametrize("name", ["greedy", "factorial", "optuna"])
+def test_loop_keeps_real_gains(name: str) -> None:
+    lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, sigma=0.002)
+    start = bowl(lab.incumbent)
+    lines: list[str] = []
+    result = lab.loop(
+        make_strategy(name, LOOP_DIMS, seed=3), wave_size=4, waves=8, on_wave=lambda s: lines.append(s.line())
+    )
+    assert result.stopped in ("waves", "converged") and len(lines) == len(result.waves)
+    assert lab.adopted, "a 61-sigma gain was never kept"
+    assert bowl(result.incumbent) < start - 0.05
+    # Every adoption was a true improvement over the incumbent it replaced.
+    previous = start
+    for obs in lab.adopted:
+        assert bowl(obs.knobs) < previous
+        previous = bowl(obs.knobs)
+    assert result.incumbent == lab.incumbent
+    assert any("adopted" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", ["greedy", "factorial"])
+def test_loop_does_not_keep_gains_inside_the_noise(name: str) -> None:
+    def nearly_flat(knobs: dict[str, str]) -> float:  # the best corner is 0.5 sigma better
+        return 1.0 - 0.0005 * LOOP_DIMS[0].coded(parse_value(knobs["LR"]))
+
+    lab = FakeLab(nearly_flat, {"LR": "0.01", "DEPTH": "7"}, sigma=0.002)
+    result = lab.loop(make_strategy(name, LOOP_DIMS, step=0.5, min_step=0.1), wave_size=4, waves=6)
+    assert lab.adopted == []
+    assert result.incumbent == {"LR": "0.01", "DEPTH": "7"}
+    assert {s.verdict for s in result.waves} <= {"within-noise", "discard"}
+
+
+def test_loop_budget_deadline_and_resume() -> None:
+    with pytest.raises(UsageError, match="--waves N or --hours H"):
+        FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002).loop(GreedyStrategy(LOOP_DIMS), wave_size=2)
+    with pytest.raises(UsageError, match="at least 1"):
+        FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002).loop(
+            GreedyStrategy(LOOP_DIMS), wave_size=0, waves=1
+        )
+
+    ticks = iter(range(100))
+    lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002)
+    result = lab.loop(GreedyStrategy(LOOP_DIMS), wave_size=2, deadline=3, clock=lambda: next(ticks))
+    assert (len(result.waves), result.stopped) == (3, "deadline")
+
+    # Interrupted after submitting wave 3: resume waits for it, then runs up to 5 waves in all.
+    lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002)
+    first = lab.loop(GreedyStrategy(LOOP_DIMS), wave_size=2, waves=2)
+    history = [o for s in first.waves for o in (s.best,) if o is not None]
+    lab.submit([{"LR": "0.002"}], 2)
+    resumed = lab.loop(
+        GreedyStrategy(LOOP_DIMS), wave_size=2, waves=5, waves_done=2, history=history, resume_wave="w003"
+    )
+    assert [s.index for s in resumed.waves] == [2, 3, 4]
+    assert resumed.waves[0].wave_id == "w003" and resumed.waves[0].proposed == 1
+    assert resumed.stopped == "waves"
+
+
+def test_loop_all_crashed_wave_and_converged_stop() -> None:
+    lab = FakeLab(bowl, {"LR": "0.01", "DEPTH": "8"}, 0.002)
+    lab.wait = lambda wave_id: [Observation(i, k, None) for i, k in lab.waves[wave_id]]
+    lines: list[str] = []
+    result = lab.loop(
+        FactorialStrategy(LOOP_DIMS, step=0.5, min_step=0.2),
+        wave_size=4,
+        waves=10,
+        on_wave=lambda s: lines.append(s.line()),
+    )
+    assert result.stopped == "converged" and len(result.waves) == 2
+    assert lines[0] == "wave 1 w001: 0/4 runs, 4 crashed"
