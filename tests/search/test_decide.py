@@ -13,6 +13,8 @@ from nightlab.errors import UsageError
 from nightlab.search.decide import (
     Figure,
     Repeats,
+    adjusted_z,
+    best_of_wave,
     incumbent_is_stale,
     promote,
     repeats_needed,
@@ -127,3 +129,29 @@ def test_promote_and_spearman() -> None:
     assert spearman(screen, {"e2": 0.97, "e3": 0.96, "e1": 0.95}) == pytest.approx(-1.0)
     assert spearman(screen, {"e2": 0.95, "e3": 0.96}) is None
     assert spearman(screen, {"e1": 1.0, "e2": 1.0, "e3": 1.0}) is None
+
+
+def test_adjusted_z_keeps_the_family_error_of_one_test() -> None:
+    from statistics import NormalDist
+
+    assert adjusted_z(2.0, 1) == 2.0
+    single = 1 - NormalDist().cdf(2.0)
+    for m in (2, 8, 50):
+        z_m = adjusted_z(2.0, m)
+        assert z_m > 2.0
+        assert 1 - (1 - (1 - NormalDist().cdf(z_m))) ** m == pytest.approx(single)
+
+
+def test_best_of_wave_picks_the_best_mean_and_corrects_z() -> None:
+    # 0.9955 is 2.05 standard errors better: a keep on its own, within noise as the best of the
+    # three measured candidates (e4 has no run and does not count).
+    alone = best_of_wave({"e1": [0.9955]}, INCUMBENT, noise_sigma=SIGMA)
+    assert alone[0] == "e1" and alone[1].verdict == "keep"
+    four = {"e1": [0.9955], "e2": [1.001], "e3": [0.999], "e4": []}
+    best, decision = best_of_wave(four, INCUMBENT, noise_sigma=SIGMA)
+    assert best == "e1" and decision.verdict == "within-noise"
+    assert (
+        best_of_wave({"e1": [1.2], "e2": [0.9]}, INCUMBENT, noise_sigma=SIGMA, lower_is_better=False)[0]
+        == "e1"
+    )
+    assert best_of_wave({"e1": []}, INCUMBENT, noise_sigma=SIGMA) is None

@@ -309,3 +309,16 @@ def test_loop_all_crashed_wave_and_converged_stop() -> None:
     )
     assert result.stopped == "converged" and len(result.waves) == 2
     assert lines[0] == "wave 1 w001: 0/4 runs, 4 crashed"
+
+
+def test_importing_search_loads_no_heavy_library() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, nightlab.search; "
+        "print(sorted(m for m in ('numpy', 'scipy', 'optuna', 'statsmodels', 'pyDOE3', 'matplotlib', 'torch') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
