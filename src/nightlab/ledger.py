@@ -673,9 +673,10 @@ class Ledger:
                 "UPDATE attempts SET ended_at = ?, exit_code = ?, failure = ?, detail = ? WHERE id = ?",
                 (now, exit_code, outcome, detail, attempt_id),
             )
+            # the slot may already run its next experiment: only release it if it is still ours
             c.execute(
-                "UPDATE workers SET state = ?, experiment_id = NULL, updated_at = ? WHERE name = ?",
-                (worker_state, now, a["worker"]),
+                "UPDATE workers SET state = ?, experiment_id = NULL, updated_at = ? WHERE name = ? AND experiment_id = ?",
+                (worker_state, now, a["worker"], e["id"]),
             )
             eid = e["id"]
             if outcome == "cancelled":

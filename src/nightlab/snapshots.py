@@ -8,6 +8,7 @@ can snapshot at once. Diffs, archives and adoption are then plain git operations
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import subprocess
@@ -100,6 +101,12 @@ def read_file(lab_dir: Path, commit: str, name: str) -> bytes:
     return git(lab_dir, "show", f"{commit}:{name}")
 
 
+@functools.lru_cache(maxsize=32)
+def _archive(lab_dir: Path, commit: str) -> bytes:
+    # a commit's content never changes, so repeats of a snapshot reuse one archive
+    return git(lab_dir, "archive", "--format=tar", commit)
+
+
 def materialise(lab_dir: Path, commit: str, dest: Path) -> None:
     """Write the snapshot's whole tree into `dest` (created fresh).
 
@@ -107,12 +114,15 @@ def materialise(lab_dir: Path, commit: str, dest: Path) -> None:
         SnapshotError: the commit is gone (e.g. the ref was deleted and git gc ran).
     """
     try:
-        archive = git(lab_dir, "archive", "--format=tar", commit)
+        archive = _archive(lab_dir, commit)
     except SnapshotError as e:
         raise SnapshotError(f"snapshot `{commit[:12]}` cannot be materialised: {e}") from e
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+            tar.extractall(dest, filter="data")
+        else:  # pragma: no cover - older patch releases; git archives hold no links outside the tree
+            tar.extractall(dest)
 
 
 def diff(lab_dir: Path, a: str | None, b: str, *, stat: bool = False) -> str:

@@ -120,8 +120,12 @@ class Controller:
                     last_beat = now
                 if self.stopping:
                     break
-                self._poll_active()
+                # free slots are refilled before the ended runs are recorded: the next
+                # process starts without waiting for log parsing and verdicts
+                ended = self._poll_active()
                 queued = self._dispatch()
+                for active, result in ended:
+                    self._record(active, result)
                 if self.active or queued:
                     last_activity = now
                 elif now - last_activity > self.config.fleet.idle_shutdown:
@@ -208,7 +212,9 @@ class Controller:
 
     # ------------------------------------------------------------------ the two halves of a turn
 
-    def _poll_active(self) -> None:
+    def _poll_active(self) -> list[tuple[_Active, RunExit]]:
+        """Enforce deadlines and cancellations; return (and release the slots of) the runs that ended."""
+        ended_runs = []
         cancel = {e.id for e in self._cancel_requests()} if self.active else set()
         now = time.time()
         for key, active in list(self.active.items()):
@@ -227,8 +233,9 @@ class Controller:
             if ended is None and active.killed and now - active.killed_at > KILL_GRACE_SECONDS:
                 ended = RunExit(None, lost=True, detail="did not exit after being killed")
             if ended is not None:
-                self._record(active, ended)
+                ended_runs.append((active, ended))
                 del self.active[key]
+        return ended_runs
 
     def _cancel_requests(self) -> list:
         return [
