@@ -138,6 +138,12 @@ def test_non_ascii_before_the_value() -> None:
     assert new == "NOTE = 'ß'; RATE = 0.25  # ratio ∈ (0, 1)\nX = 1\n"
 
 
+def test_byte_order_mark_kept() -> None:
+    source = "\ufeffA = 1  # first\nB = 'é'\n"
+    assert [k.source for k in list_knobs(source)] == ["1", "'é'"]
+    assert set_knobs(source, {"A": "2", "B": "'x'"}) == "\ufeffA = 2  # first\nB = 'x'\n"
+
+
 def test_no_values_is_identity() -> None:
     assert set_knobs(SCRIPT, {}) == SCRIPT
 

@@ -199,14 +199,18 @@ def _literal_assignment(stmt: ast.stmt) -> tuple[str, ast.expr] | None:
 
 
 def _sites(source: str) -> dict[str, _Site]:
+    # Python runs files that start with a UTF-8 byte order mark; ast.parse of a str refuses it.
+    bom = "\ufeff" if source.startswith("\ufeff") else ""
+    body = source[len(bom) :]
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(body)
     except SyntaxError as e:
         raise UsageError(
             f"cannot parse the script: line {e.lineno}: `{e.msg}`; fix the syntax error"
         ) from None
     data = source.encode("utf-8")
-    starts = _line_starts(data)
+    shift = len(bom.encode("utf-8"))
+    starts = [shift + s for s in _line_starts(body.encode("utf-8"))]
     sites: dict[str, _Site] = {}
     for stmt in tree.body:
         assignment = _literal_assignment(stmt)
