@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest -q tests/search/test_decide.py
 from __future__ import annotations
 
 import math
+import random
+from statistics import NormalDist
 
 import pytest
 
@@ -132,8 +134,6 @@ def test_promote_and_spearman() -> None:
 
 
 def test_adjusted_z_keeps_the_family_error_of_one_test() -> None:
-    from statistics import NormalDist
-
     assert adjusted_z(2.0, 1) == 2.0
     single = 1 - NormalDist().cdf(2.0)
     for m in (2, 8, 50):
@@ -155,3 +155,17 @@ def test_best_of_wave_picks_the_best_mean_and_corrects_z() -> None:
         == "e1"
     )
     assert best_of_wave({"e1": []}, INCUMBENT, noise_sigma=SIGMA) is None
+
+
+def test_best_of_wave_holds_the_false_keep_rate_on_null_waves() -> None:
+    rng = random.Random(0)
+    waves, raw, corrected = 3000, 0, 0
+    for _ in range(waves):
+        incumbent = [rng.gauss(0, 1) for _ in range(4)]
+        candidates = {f"e{i}": [rng.gauss(0, 1)] for i in range(8)}  # none is really better
+        best = min(candidates, key=lambda i: candidates[i][0])
+        raw += verdict(candidates[best], incumbent, noise_sigma=1.0).verdict == "keep"
+        corrected += best_of_wave(candidates, incumbent, noise_sigma=1.0)[1].verdict == "keep"
+    single = 1 - NormalDist().cdf(2.0)  # 2.3 %: one comparison at z = 2
+    assert raw / waves > 4 * single
+    assert corrected / waves < 1.5 * single

@@ -20,9 +20,9 @@ and an H200 under a wall-clock budget, so a cross-tier comparison is refused.
 
 Picking the best of a wave and testing it is a multiple comparison: with 8 candidates that are
 all as good as the incumbent (one run each, four incumbent runs), the best one clears z = 2 in
-15 % of waves (simulated, 20k waves), not the 2.3 % of a single comparison.
-`best_of_wave` therefore raises z with the Sidak correction for the number of candidates, so the
-chance of adopting noise stays that of a single comparison at z.
+13 % of waves (20k simulated waves through `verdict`), not the 2.3 % of a single comparison.
+`best_of_wave` therefore raises z with the Sidak correction for the number of candidates, which
+brings the same simulation down to 1.8 %.
 
 Promotion between tiers (screen on a cheap tier, confirm on the validation tier) uses
 `promote` to pick the candidates and `spearman` to report how well the screen's ranking
