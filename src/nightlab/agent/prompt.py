@@ -1,0 +1,214 @@
+"""The prompt a (re)started agent receives: the lab's instructions plus its state right now.
+
+A restarted agent has lost its context, so everything it needs to continue without redoing
+work is in the prompt: the fleet program (and the target's own notes), the incumbent and
+its figures, the noise floor, what runs and waits in the queue, the best results, recent
+crashes, edits left in the working tree and the journal of every idea already tried.
+The journal is condensed to fit `max_journal_chars` (default 40k characters, about 10k
+tokens) so a long night does not crowd out the agent's working context.
+
+Usage:
+    text = build_prompt(lab, session=3, reason="stalled: no activity for 900 s")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from nightlab.ledger import ExperimentStatus
+
+MAX_JOURNAL_CHARS = 40_000
+TOP_RESULTS = 5
+RECENT_CRASHES = 5
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What is left of the supervisor's limits, for the prompt (None: no limit)."""
+
+    hours_left: float | None = None
+    experiments_left: int | None = None
+
+
+def _instructions(lab) -> list[str]:
+    from nightlab.agent.instructions import program_files
+
+    own, target = program_files(lab.path)
+    out = ["# Instructions", ""]
+    if own is not None:
+        out.append(own.read_text(encoding="utf-8").strip())
+    else:
+        out.append(
+            "(This lab has no nightlab program file; run `nightlab journal`, `nightlab results` and "
+            "`nightlab submit --help` to learn the workflow.)"
+        )
+    if target is not None:
+        out += [
+            "",
+            f"# The target's own notes ({target.name})",
+            "",
+            target.read_text(encoding="utf-8").strip(),
+        ]
+    return out
+
+
+def _state(lab, budget: Budget) -> list[str]:
+    from nightlab import snapshots
+    from nightlab.analysis import noise_sigma, results
+
+    config = lab.config
+    metric = config.metric.name
+    out = ["# The lab now", ""]
+    out.append(
+        f"- metric `{metric}`, {config.metric.direction} is better; time limit {config.target.timeout:g} s per run"
+    )
+    slots: dict[str, int] = {}
+    for pool in config.fleet.pools:
+        slots[pool.tier] = slots.get(pool.tier, 0) + pool.slots
+    out.append(
+        "- fleet: "
+        + ", ".join(f"tier `{t}` {n} slot{'s' if n != 1 else ''}" for t, n in sorted(slots.items()))
+        + f" (default tier `{config.fleet.default_tier}`)"
+    )
+    rows, incumbents = results(lab.ledger, config, lab.path)
+    head = lab.head()
+    subject = snapshots.git_text(lab.path, "log", "-1", "--format=%s", head)
+    out.append(f'- incumbent: {head[:10]} "{subject}"')
+    for tier in sorted(set(config.fleet.tiers) | set(incumbents)):
+        f = incumbents.get(tier)
+        sigma, dof = noise_sigma(lab.ledger, metric, tier)
+        noise = (
+            f"noise floor σ {sigma:.6f} ({dof} dof)"
+            if sigma is not None
+            else "no noise floor yet (`nightlab noise`)"
+        )
+        if f is None:
+            out.append(f"  - {tier}: not measured; submit it (`nightlab submit -m baseline`); {noise}")
+        else:
+            spread = f" ± {f.std:.6f}" if f.std is not None else ""
+            out.append(f"  - {tier}: {f.mean:.6f}{spread} (n={f.n}); {noise}")
+    if budget.hours_left is not None or budget.experiments_left is not None:
+        parts = []
+        if budget.hours_left is not None:
+            parts.append(f"{budget.hours_left:.1f} h left")
+        if budget.experiments_left is not None:
+            parts.append(f"{budget.experiments_left} more experiments")
+        out.append(f"- this run's budget: {', '.join(parts)}; spend it on the most promising ideas")
+
+    exps = [r.experiment for r in rows]
+    flying = sorted(
+        (e for e in exps if e.status in (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)),
+        key=lambda e: e.seq,
+    )
+    out += ["", "## In flight (do not resubmit; `nightlab wait --any` for them)"]
+    if flying:
+        out += [f"- {e.id} {e.status.label} on {e.tier}: {e.description}" for e in flying]
+    else:
+        out.append("- nothing: every slot is free, submit a wave now")
+
+    out += ["", "## Best results per tier"]
+    best = [r for r in rows if r.value is not None]
+    if not best:
+        out.append("- none yet")
+    for tier in sorted({r.experiment.tier for r in best}):
+        seen: set[str] = set()  # one row per snapshot: repeats of it add nothing here
+        for r in [r for r in best if r.experiment.tier == tier]:
+            e = r.experiment
+            if e.tree in seen:
+                continue
+            seen.add(e.tree)
+            delta = "" if r.delta is None else f" ({r.delta:+.6f} vs incumbent)"
+            out.append(f"- {e.id} {tier} {r.value:.6f}{delta} {e.verdict or 'undecided'}: {e.description}")
+            if len(seen) == TOP_RESULTS:
+                break
+    head_tree = lab.head_tree()
+    pending_keeps = {
+        e.tree: e for e in exps if e.verdict == "keep" and e.adopted_at is None and e.tree != head_tree
+    }
+    if pending_keeps:
+        out += ["", "## Kept but not adopted (adopt the best of them: `nightlab adopt ID`)"]
+        out += [f"- {e.id} {e.tier}: {e.description}" for e in pending_keeps.values()]
+
+    crashed = sorted(
+        (e for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok), key=lambda e: -e.seq
+    )[:RECENT_CRASHES]
+    if crashed:
+        out += ["", "## Recent crashes (`nightlab show ID` for the log tail)"]
+        out += [f"- {e.id} {e.outcome}: {e.detail or '-'} | {e.description}" for e in crashed]
+
+    dirty = _dirty(lab)
+    if dirty["editable"] or dirty["other"]:
+        out += ["", "## The working tree"]
+        if dirty["editable"]:
+            out.append(
+                f"- uncommitted edits in {', '.join(dirty['editable'])} (left by an earlier session?): "
+                "read `git diff`, submit them if they are an idea not yet measured, then restore with "
+                f"`git checkout -- {' '.join(dirty['editable'])}`"
+            )
+        if dirty["other"]:
+            out.append(
+                f"- files outside the editable set were changed: {', '.join(dirty['other'])}. That breaks the "
+                f"rules: restore them with `git checkout -- {' '.join(dirty['other'])}`"
+            )
+    return out
+
+
+def _dirty(lab) -> dict[str, list[str]]:
+    """Tracked files that differ from HEAD, split into editable ones and the rest."""
+    from nightlab import snapshots
+
+    text = snapshots.git(lab.path, "status", "--porcelain", "--untracked-files=no").decode(errors="replace")
+    names = [line[3:] for line in text.splitlines() if line.strip()]
+    editable = set(lab.config.target.editable)
+    return {
+        "editable": [n for n in names if n in editable],
+        "other": [n for n in names if n not in editable],
+    }
+
+
+def build_prompt(
+    lab,
+    *,
+    session: int,
+    reason: str | None = None,
+    budget: Budget | None = None,
+    max_journal_chars: int = MAX_JOURNAL_CHARS,
+) -> str:
+    """The full prompt for agent session `session` of an open lab.
+
+    Args:
+        reason: why the previous session ended (None for the first session of a run).
+        budget: what is left of the supervisor's limits.
+    """
+    from nightlab.agent.journal import build_journal
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    lines = [f"# nightlab research session {session} ({stamp})", ""]
+    if reason:
+        lines.append(
+            f"You are continuing a research run. The previous session ended ({reason}); you start with a "
+            "fresh context, and the state below is current. Do not redo what the journal lists."
+        )
+    else:
+        lines.append("You are starting a research run in this lab.")
+    lines += [
+        f"You run headless in the lab at `{lab.path}`: no person reads your messages or answers questions. "
+        "Use the `nightlab` command line from that directory, follow the instructions below, and keep "
+        "working until you are stopped.",
+        "",
+        *_instructions(lab),
+        "",
+        *_state(lab, budget or Budget()),
+        "",
+        "# Research journal (every idea tried so far)",
+        "",
+        build_journal(lab).to_text(max_chars=max_journal_chars).strip(),
+        "",
+        "# Now",
+        "",
+        "Read the editable file, pick the most promising ideas the journal does not list, and keep every "
+        "fleet slot busy: submit, restore the file, prepare the next idea, `nightlab wait --any`, adopt "
+        "only `keep` verdicts.",
+    ]
+    return "\n".join(lines) + "\n"
