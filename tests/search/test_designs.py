@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from nightlab.errors import UsageError
-from nightlab.search.designs import fractional_factorial, full_factorial, random_design, two_level_design
+from nightlab.search.designs import (
+    Design,
+    fractional_factorial,
+    full_factorial,
+    random_design,
+    two_level_design,
+)
 from nightlab.search.spaces import parse_space
 
 
@@ -128,3 +134,21 @@ def test_random_design_distinct_and_seeded() -> None:
     assert len(small) == 5 and {r["P"] for r in small.runs} == {"'a'", "'b'"}
     with pytest.raises(UsageError, match="at least 1 run"):
         random_design(dims, 0)
+
+
+def test_design_round_trips_through_json() -> None:
+    import json
+
+    design = fractional_factorial(dims_of(4))
+    assert Design.from_dict(json.loads(json.dumps(design.to_dict()))) == design
+
+
+def test_make_design_dispatches_on_the_flag() -> None:
+    dims = dims_of(3)
+    assert make_design("full", dims) == full_factorial(dims)
+    assert make_design("fractional", dims, resolution=3) == fractional_factorial(dims, resolution=3)
+    assert make_design("random", dims, size=5, seed=2) == random_design(dims, 5, seed=2)
+    with pytest.raises(UsageError, match="needs a size"):
+        make_design("random", dims)
+    with pytest.raises(UsageError, match="unknown design `latin`"):
+        make_design("latin", dims)

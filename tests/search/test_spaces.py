@@ -19,6 +19,7 @@ from nightlab.search.spaces import (
     Pow2,
     Uniform,
     check_knobs,
+    coded_levels,
     parse_space,
 )
 
@@ -147,3 +148,30 @@ def test_check_knobs_type_mismatch(spec: str, why: str) -> None:
 def test_check_knobs_duplicate_space() -> None:
     with pytest.raises(UsageError, match="two search spaces"):
         check_knobs([parse_space("DEPTH=4,8"), parse_space("DEPTH=int(2,4)")], list_knobs(SCRIPT))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "D=4,8,12",
+        "P=SSSL,'L'",
+        "B=(0.8, 0.95),(0.9,0.99)",
+        "D=int(4,12)",
+        "W=uniform(0,0.2)",
+        "LR=log(0.001,0.1)",
+        "BS=pow2(16,2**19)",
+    ],
+)
+def test_spec_round_trips(spec: str) -> None:
+    dim = parse_space(spec)
+    assert parse_space(dim.spec()) == dim
+
+
+def test_coded_levels_of_a_run() -> None:
+    dims = [parse_space("LR=log(0.01,0.16)"), parse_space("P=a,b")]
+    assert coded_levels(dims, {"LR": "0.04", "P": "'b'", "OTHER": "1"}) == {
+        "LR": pytest.approx(0.0),
+        "P": 1.0,
+    }
+    with pytest.raises(UsageError, match="no value for knob `P`"):
+        coded_levels(dims, {"LR": "0.04"})

@@ -23,13 +23,24 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nightlab.errors import UsageError
 from nightlab.search.spaces import Dimension
 
-__all__ = ["Design", "fractional_factorial", "full_factorial", "random_design", "two_level_design"]
+__all__ = [
+    "DESIGNS",
+    "Design",
+    "fractional_factorial",
+    "full_factorial",
+    "make_design",
+    "random_design",
+    "two_level_design",
+]
+
+DESIGNS = ("full", "fractional", "random")
 
 _ROMAN = {3: "III", 4: "IV", 5: "V", 6: "VI", 7: "VII", 8: "VIII"}
 # A depth-first search over generator columns; beyond this many nodes it moves on to twice the runs.
@@ -61,6 +72,31 @@ class Design:
 
     def __len__(self) -> int:
         return len(self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (for a wave's spec in the ledger); `Design.from_dict` reads it back."""
+        return {
+            "kind": self.kind,
+            "factors": list(self.factors),
+            "runs": [dict(r) for r in self.runs],
+            "coded": [dict(c) for c in self.coded],
+            "resolution": self.resolution,
+            "generators": self.generators,
+            "aliases": list(self.aliases),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Design:
+        """The design stored by `to_dict`."""
+        return cls(
+            kind=data["kind"],
+            factors=tuple(data["factors"]),
+            runs=tuple(dict(r) for r in data["runs"]),
+            coded=tuple({k: float(v) for k, v in c.items()} for c in data["coded"]),
+            resolution=data.get("resolution"),
+            generators=data.get("generators"),
+            aliases=tuple(data.get("aliases", ())),
+        )
 
     def describe(self) -> str:
         """One line: kind, runs, factors and (for fractions) the resolution."""
@@ -327,3 +363,35 @@ def random_design(dims: Sequence[Dimension], n: int, *, seed: int = 0) -> Design
         runs.append(run)
         coded.append({d.name: d.coded(v) for d, v in zip(dims, values, strict=True)})
     return Design("random", tuple(d.name for d in dims), tuple(runs), tuple(coded))
+
+
+def make_design(
+    kind: str,
+    dims: Sequence[Dimension],
+    *,
+    size: int | None = None,
+    resolution: int | None = None,
+    seed: int = 0,
+    levels: int = 2,
+) -> Design:
+    """The design `nightlab sweep --design KIND` asks for.
+
+    Args:
+        kind: `full`, `fractional` or `random` (`optuna` is a strategy: see `OptunaStrategy`).
+        size: runs of a random design (required for `random`).
+        resolution: least resolution of a fractional design (None: chosen).
+        seed: seed of a random design.
+        levels: values per range dimension of a full design.
+
+    Raises:
+        UsageError: an unknown kind, a random design without a size, or what the design refuses.
+    """
+    if kind == "full":
+        return full_factorial(dims, levels=levels)
+    if kind == "fractional":
+        return fractional_factorial(dims, resolution=resolution)
+    if kind == "random":
+        if size is None:
+            raise UsageError("a random design needs a size; pass --size N")
+        return random_design(dims, size, seed=seed)
+    raise UsageError(f"unknown design `{kind}`; use full, fractional, random or optuna")

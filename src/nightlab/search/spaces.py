@@ -27,7 +27,7 @@ import math
 import random
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,6 +43,7 @@ __all__ = [
     "Pow2",
     "Uniform",
     "check_knobs",
+    "coded_levels",
     "parse_space",
 ]
 
@@ -86,6 +87,10 @@ class Dimension(ABC):
     @abstractmethod
     def from_coded(self, coded: float) -> object:
         """The value at a coded level (clipped to [-1, +1], rounded to a valid value)."""
+
+    @abstractmethod
+    def spec(self) -> str:
+        """The `NAME=...` text that `parse_space` reads back into this dimension (store it in a wave)."""
 
     def to_source(self, value: object) -> str:
         """The value as knob source text."""
@@ -148,6 +153,9 @@ class Choice(Dimension):
     def to_source(self, value: object) -> str:
         return self.sources[self.index(value)]
 
+    def spec(self) -> str:
+        return f"{self.name}={','.join(self.sources)}"
+
 
 @dataclass(frozen=True)
 class _Range(Dimension):
@@ -187,6 +195,10 @@ class _Range(Dimension):
 
     def sample(self, rng: random.Random) -> object:
         return self.from_coded(rng.uniform(-1.0, 1.0))
+
+    def spec(self) -> str:
+        kind = next(k for k, cls in _RANGES.items() if cls is type(self))
+        return f"{self.name}={kind}({self.lo!r},{self.hi!r})"
 
 
 @dataclass(frozen=True)
@@ -349,3 +361,19 @@ def check_knobs(dims: Sequence[Dimension], knobs: Sequence[Knob]) -> None:
         why = _compatible(by_name[dim.name], dim)
         if why is not None:
             raise UsageError(f"knob `{dim.name}` {why}")
+
+
+def coded_levels(dims: Sequence[Dimension], knobs: Mapping[str, str]) -> dict[str, float]:
+    """The coded level of every dimension in one run, from its knob source text.
+
+    Use it for runs not produced by a `Design` (Optuna proposals, agent edits) before `effects`.
+
+    Raises:
+        UsageError: a dimension's knob is missing from `knobs` or holds a value outside a list.
+    """
+    out = {}
+    for dim in dims:
+        if dim.name not in knobs:
+            raise UsageError(f"the run has no value for knob `{dim.name}`; check the wave's spaces")
+        out[dim.name] = dim.coded(parse_value(knobs[dim.name]))
+    return out
