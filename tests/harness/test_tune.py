@@ -112,3 +112,27 @@ def test_missing_knob_or_train_py(lab, tmp_path):
         tune(lab, progress=False)
     with pytest.raises(UsageError, match="no train.py"):
         tune(tmp_path / "nowhere", progress=False)
+
+
+def test_tune_runs_the_real_template(tmp_path, monkeypatch):
+    from importlib import resources
+
+    from nightlab.harness.data import prepare
+    from nightlab.harness.profiles import Profile, fingerprint
+    from nightlab.search.knobs import list_knobs, set_knobs
+
+    profile = Profile("test", "demo", vocab_size=512, seq_len=64, budget_seconds=1.0, eval_tokens=64)
+    prepare(profile, data_dir=tmp_path / "data" / fingerprint(profile), progress=False)
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "nightlab.toml").write_text(NIGHTLAB_TOML.replace("seq_len = 16", "seq_len = 64"))
+    source = resources.files("nightlab.targets.gpt").joinpath("train.py").read_text()
+    tiny = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "2", "TOTAL_BATCH_SIZE": "256"}
+    (lab / "train.py").write_text(set_knobs(source, tiny))
+    monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(tmp_path / "data"))
+    result = tune(lab, steps=4, batch_sizes=[2, 4], compiles=["off"], progress=False)
+    assert [r.status for r in result.rows] == ["ok", "ok"], [r.detail for r in result.rows]
+    assert all(r.tok_per_sec > 0 and r.peak_memory_mb > 0 and r.attention == "sdpa" for r in result.rows)
+    knobs = {k.name: k.value for k in list_knobs((lab / "train.py").read_text())}
+    assert (knobs["COMPILE"], knobs["ATTENTION"]) == ("off", "sdpa")
+    assert knobs["DEVICE_BATCH_SIZE"] == result.best.candidate.device_batch_size

@@ -1,0 +1,122 @@
+"""Tests of the GPT template `train.py`, run as the fleet runs it: a subprocess in a lab directory.
+
+A tiny profile (demo data, vocab 512, 64-token rows) and a one-layer model keep each run to a
+few seconds; `NIGHTLAB_MAX_STEPS` makes runs step-based, hence deterministic. Covers the summary
+block, determinism per seed, the time budget, and the failure modes: NaN loss, a non-causal
+model, unprepared data.
+Run: .venv/bin/python -m pytest -q tests/harness/test_train.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+
+from nightlab.harness.data import prepare
+from nightlab.harness.profiles import Profile, fingerprint
+from nightlab.search.knobs import set_knobs
+
+PROFILE = Profile("test", "demo", vocab_size=512, seq_len=64, budget_seconds=2.0, eval_tokens=4096)
+TINY = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "4", "TOTAL_BATCH_SIZE": "256"}
+SUMMARY_KEYS = [
+    "val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent", "total_tokens_M",
+    "num_steps", "num_params_M", "depth", "tok_per_sec", "device", "peak_tflops", "attention", "compile",
+    "startup_seconds", "eval_seconds", "data_fingerprint",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    prepare(PROFILE, data_dir=root / fingerprint(PROFILE), progress=False)
+    return root
+
+
+@pytest.fixture
+def lab(tmp_path):
+    toml = "\n".join(
+        f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+        for k, v in PROFILE.to_dict().items()
+        if k != "train_defaults"
+    )
+    (tmp_path / "nightlab.toml").write_text("[profile]\n" + toml + "\n")
+    return tmp_path
+
+
+def template(**knobs: str) -> str:
+    source = resources.files("nightlab.targets.gpt").joinpath("train.py").read_text()
+    return set_knobs(source, {**TINY, **knobs})
+
+
+def run(lab, data_root, source, **env):
+    (lab / "train.py").write_text(source)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
+    full_env.update(
+        {"NIGHTLAB_DATA_DIR": str(data_root), "OMP_NUM_THREADS": "1", "NIGHTLAB_MAX_STEPS": "4", **env}
+    )
+    return subprocess.run(
+        [sys.executable, "train.py"], cwd=lab, env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+def summary(stdout: str) -> dict[str, str]:
+    block = stdout.split("\n---\n")[-1]
+    return {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in block.splitlines())}
+
+
+def test_summary_block_is_complete_and_runs_are_deterministic_per_seed(lab, data_root):
+    first = run(lab, data_root, template())
+    assert first.returncode == 0, first.stderr
+    s = summary(first.stdout)
+    assert list(s) == SUMMARY_KEYS
+    assert s["num_steps"] == "4" and s["depth"] == "1" and s["device"].startswith("cpu")
+    assert s["data_fingerprint"] == fingerprint(PROFILE)
+    assert s["mfu_percent"] == "n/a" and s["peak_tflops"] == "n/a"  # a CPU has no table entry
+    assert float(s["peak_vram_mb"]) > 50  # peak RSS on CPU
+    # A uniform guess costs log2(512) = 9 bits per token, over ~2-3 bytes per token; 4 steps learn.
+    assert 0 < float(s["val_bpb"]) < 3.5
+
+    again = summary(run(lab, data_root, template(), NIGHTLAB_SEED="0").stdout)
+    other = summary(run(lab, data_root, template(), NIGHTLAB_SEED="1").stdout)
+    assert again["val_bpb"] == s["val_bpb"]
+    assert other["val_bpb"] != s["val_bpb"]
+
+
+def test_time_budget_bounds_training(lab, data_root):
+    result = run(lab, data_root, template(), NIGHTLAB_MAX_STEPS="0", NIGHTLAB_BUDGET="1.5")
+    assert result.returncode == 0, result.stderr
+    s = summary(result.stdout)
+    assert 1.5 <= float(s["training_seconds"]) < 3.0
+    assert int(s["num_steps"]) > 4
+
+
+def test_nan_loss_stops_with_one_fail_line(lab, data_root):
+    result = run(lab, data_root, template(MATRIX_LR="1e30"))
+    assert result.returncode == 1
+    fails = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL: loss is nan at step ")
+    assert "\n---\n" not in result.stdout
+
+
+def test_non_causal_model_is_reported_invalid(lab, data_root):
+    causal = "x = x0 = norm(self.wte(idx))"
+    source = template()
+    assert causal in source
+    leaky = source.replace(causal, "x = x0 = norm(self.wte(idx) + self.wte(idx.roll(-1, dims=1)))")
+    result = run(lab, data_root, leaky)
+    assert result.returncode == 0, result.stderr
+    s = summary(result.stdout)
+    assert s["status"] == "invalid"
+    assert s["invalid_reason"].startswith("model is not causal")
+    assert "invalid: model is not causal" in result.stderr
+
+
+def test_unprepared_data_exits_1_naming_prepare(lab, tmp_path):
+    result = run(lab, tmp_path / "empty", template())
+    assert result.returncode == 1
+    assert "DataNotPreparedError" in result.stderr and "nightlab prepare" in result.stderr
+    assert "Traceback" not in result.stderr
