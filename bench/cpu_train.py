@@ -118,7 +118,7 @@ def main() -> None:
     header = ("variant", "val_bpb", "tok/s", "GFLOP/s", "% matmul", "startup s", "eval s", "wall s")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
 if __name__ == "__main__":
