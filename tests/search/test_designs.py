@@ -18,6 +18,7 @@ from nightlab.search.designs import (
     Design,
     fractional_factorial,
     full_factorial,
+    make_design,
     random_design,
     two_level_design,
 )
