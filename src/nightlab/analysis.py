@@ -75,13 +75,20 @@ def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str
     return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))
 
 
-def decide_tree(ledger: Ledger, config: LabConfig, lab_dir: Path, tree: str, tier: str):
-    """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable."""
+def decide_tree(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, tree: str, tier: str, *, extra: float | None = None
+):
+    """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable.
+
+    `extra` is a result of `tree` that is not in the ledger yet (the run being recorded).
+    """
     from nightlab.search.decide import verdict
 
     metric = config.metric.name
     incumbent = ok_values(ledger.experiments(tree=snapshots.tree_of(lab_dir, "HEAD"), tier=tier), metric)
     candidate = ok_values(ledger.experiments(tree=tree, tier=tier), metric)
+    if extra is not None:
+        candidate.append(extra)
     if not incumbent or not candidate:
         return None
     sigma, _ = noise_sigma(ledger, metric, tier)
@@ -94,28 +101,31 @@ def decide_tree(ledger: Ledger, config: LabConfig, lab_dir: Path, tree: str, tie
     )
 
 
-def update_verdicts(ledger: Ledger, config: LabConfig, lab_dir: Path, experiment_id: str) -> str | None:
-    """Set the verdict of a finished experiment (and of its snapshot's other runs on that tier)."""
-    exp = ledger.get(experiment_id)
-    if exp.status != ExperimentStatus.FINISHED:
+def verdict_for(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, exp: Experiment, outcome: str, value: float | None
+) -> str | None:
+    """The verdict a run of `exp` that ended with `outcome` and metric `value` earns now.
+
+    Computed before the run is recorded, so the verdict is stored in the same transaction
+    as the outcome and nobody ever sees a finished run without one.
+    """
+    if outcome == "cancelled":
         return None
-    if not exp.ok:
-        verdict = "invalid" if exp.outcome == "invalid" else "crash"
-        ledger.set_verdict(exp.id, verdict)
-        return verdict
-    siblings = ledger.experiments(tree=exp.tree, tier=exp.tier)
+    if outcome != "ok":
+        return "invalid" if outcome == "invalid" else "crash"
     if exp.tree == snapshots.tree_of(lab_dir, "HEAD"):
         # the incumbent's own runs: kept if it came from an adoption, else the starting point
-        verdict = (
-            "keep" if any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree)) else "baseline"
-        )
-    else:
-        decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier)
-        verdict = decision.verdict if decision is not None else None
-    for other in siblings:
-        if other.ok and other.verdict != verdict:
+        adopted = any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree, with_metrics=False))
+        return "keep" if adopted else "baseline"
+    decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier, extra=value)
+    return decision.verdict if decision is not None else None
+
+
+def refresh_siblings(ledger: Ledger, exp: Experiment, verdict: str | None) -> None:
+    """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now."""
+    for other in ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
+        if other.id != exp.id and other.ok and other.verdict != verdict:
             ledger.set_verdict(other.id, verdict)
-    return verdict
 
 
 @dataclass(frozen=True)

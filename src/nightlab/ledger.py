@@ -653,11 +653,13 @@ class Ledger:
         retry: bool = False,
         max_attempts: int = 1,
         worker_state: str = "idle",
+        verdict: str | None = None,
     ) -> str | None:
         """End an attempt and, through it, its experiment.
 
         `retry=True` (infrastructure failures) puts the experiment back in the queue while
-        it has had fewer than `max_attempts` attempts. Returns the experiment's new state
+        it has had fewer than `max_attempts` attempts. `verdict` is stored with a final
+        outcome in the same transaction. Returns the experiment's new state
         (`"queued"`, `"finished"`, `"cancelled"`), or None when this attempt had already
         ended or was superseded: nothing is changed then.
         """
@@ -693,8 +695,9 @@ class Ledger:
             else:
                 state = "finished"
                 c.execute(
-                    "UPDATE experiments SET status = ?, outcome = ?, detail = ?, finished_at = ? WHERE id = ?",
-                    (int(ExperimentStatus.FINISHED), outcome, detail, now, eid),
+                    "UPDATE experiments SET status = ?, outcome = ?, detail = ?, verdict = ?, finished_at = ?"
+                    " WHERE id = ?",
+                    (int(ExperimentStatus.FINISHED), outcome, detail, verdict, now, eid),
                 )
                 for key, value in (metrics or {}).items():
                     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nightlab.analysis import refresh_siblings, verdict_for
 from nightlab.config import LabConfig
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
@@ -258,6 +259,10 @@ class Controller:
                 expected_fingerprint=self._fingerprint,
             )
             outcome, detail, metrics = result.outcome, result.detail or ended.detail, result.metrics
+        exp = self.ledger.get(active.spec.experiment_id)
+        final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
+        value = metrics.get(self.config.metric.name)
+        verdict = verdict_for(self.ledger, self.config, self.lab_dir, exp, outcome, value) if final else None
         state = self.ledger.finish_attempt(
             active.attempt.id,
             outcome=outcome,
@@ -266,13 +271,12 @@ class Controller:
             metrics=metrics,
             retry=outcome == "infra",
             max_attempts=1 + self.config.fleet.retries,
+            verdict=verdict,
         )
         trim_log(active.spec.log_path)
         self._backend(active.slot).cleanup(active.spec)
-        if state == "finished":
-            from nightlab.analysis import update_verdicts
-
-            update_verdicts(self.ledger, self.config, self.lab_dir, active.spec.experiment_id)
+        if state == "finished" and outcome == "ok":
+            refresh_siblings(self.ledger, exp, verdict)
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""

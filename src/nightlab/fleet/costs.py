@@ -1,0 +1,246 @@
+"""What the remote fleet costs and how much of it trains: per worker and per experiment.
+
+Everything comes from the ledger. The SkyPilot backend records one event per cluster
+change (`cluster-launch`, `cluster-up` with its hourly price and set-up seconds,
+`cluster-failed`, `cluster-lost`, `cluster-down`); attempts carry their worker and their
+start and end. From those:
+
+    held      seconds a cluster was billing: from each launch to its down / loss, or to now
+    setup     seconds from a launch to the cluster being up (provisioning + set-up script)
+    busy      seconds attempts ran on the worker (lease to end, so dispatch overhead counts)
+    training  the `training_seconds` each finished experiment reported on that worker
+    idle      held - setup - busy
+    efficiency  training / held  (the public autoresearch 16-GPU run: ~7 of 12 possible
+                5-minute runs per GPU-hour, i.e. about 0.58)
+
+A cluster that stopped itself (autostop) while no controller watched has no `down` event;
+it is counted as held until its last activity plus its autostop minutes, which is when
+SkyPilot stops it. Prices are SkyPilot's catalog price of the launched instance, or the
+pool's `hourly_price` (Kubernetes and Slurm have no catalog price).
+
+stdlib only; `nightlab report` and `nightlab fleet status` read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nightlab.ledger import ExperimentStatus, Ledger
+
+CLUSTER_EVENTS = ("cluster-launch", "cluster-up", "cluster-failed", "cluster-lost", "cluster-down")
+
+
+def hourly_price(handle: Any, override: float | None = None) -> float | None:
+    """Dollars per hour of a launched cluster: the pool's `hourly_price`, else SkyPilot's price.
+
+    Args:
+        handle: the resource handle `sky.launch` returned (its `launched_resources` and
+            `launched_nodes`).
+        override: the pool's `hourly_price`, which wins when set.
+
+    Returns:
+        The price, or None when SkyPilot has none for these resources.
+    """
+    if override is not None:
+        return float(override)
+    try:
+        resources = handle.launched_resources
+        nodes = getattr(handle, "launched_nodes", 1) or 1
+        return float(resources.get_cost(3600)) * nodes
+    except Exception:  # no cloud / instance type / catalog entry: the price is unknown
+        return None
+
+
+@dataclass
+class WorkerCost:
+    """Time and money of one remote worker over a window."""
+
+    worker: str
+    cluster: str | None
+    state: str  # launching | up | failed | lost | down
+    hourly_price: float | None
+    gpu_name: str | None
+    held_seconds: float = 0.0
+    setup_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    training_seconds: float = 0.0
+    experiments: int = 0
+
+    @property
+    def idle_seconds(self) -> float:
+        return max(0.0, self.held_seconds - self.setup_seconds - self.busy_seconds)
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.hourly_price is None else self.held_seconds * self.hourly_price / 3600
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.training_seconds / self.held_seconds if self.held_seconds > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(idle_seconds=self.idle_seconds, cost=self.cost, efficiency=self.efficiency)
+        return out
+
+
+def _clip(a: float, b: float, since: float | None, until: float) -> float:
+    lo = a if since is None else max(a, since)
+    return max(0.0, min(b, until) - lo)
+
+
+def worker_costs(
+    ledger: Ledger, *, since: float | None = None, until: float | None = None, autostop: float = 600.0
+) -> list[WorkerCost]:
+    """Per remote worker: held, setup, busy, training and idle seconds and cost in [since, until].
+
+    Args:
+        since: start of the window (e.g. the moment the last cluster came up); None = all.
+        until: end of the window; None = now.
+        autostop: seconds after the last activity when an unwatched cluster stops itself.
+    """
+    until = time.time() if until is None else until
+    events = [e for e in ledger.events(limit=1_000_000) if e.kind in CLUSTER_EVENTS]
+    workers: dict[str, WorkerCost] = {}
+    open_since: dict[str, float] = {}
+    launch_at: dict[str, float] = {}
+    for e in events:
+        w = workers.setdefault(
+            e.worker or "?", WorkerCost(e.worker or "?", e.data.get("cluster"), "down", None, None)
+        )
+        w.cluster = e.data.get("cluster", w.cluster)
+        w.state = e.kind.removeprefix("cluster-")
+        if e.kind == "cluster-launch":
+            w.state = "launching"
+            open_since.setdefault(w.worker, e.ts)
+            launch_at[w.worker] = e.ts
+        elif e.kind == "cluster-up":
+            w.hourly_price = e.data.get("hourly_price", w.hourly_price)
+            w.gpu_name = e.data.get("gpu_name") or w.gpu_name
+            start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
+            w.setup_seconds += _clip(start, e.ts, since, until)
+        elif e.kind in ("cluster-lost", "cluster-down", "cluster-failed") and w.worker in open_since:
+            w.held_seconds += _clip(open_since.pop(w.worker), e.ts, since, until)
+            launch_at.pop(w.worker, None)
+    attempts = _attempts_by_worker(ledger, set(workers))
+    for name, start in open_since.items():
+        last = max([start] + [a[1] or until for a in attempts.get(name, [])])
+        end = until if ledger.controller() is not None else min(until, last + autostop)
+        workers[name].held_seconds += _clip(start, end, since, until)
+    training = _training_by_worker(ledger)
+    for name, w in workers.items():
+        for started, ended in attempts.get(name, []):
+            w.busy_seconds += _clip(started, ended or until, since, until)
+        for finished_at, seconds in training.get(name, []):
+            if since is None or finished_at >= since:
+                w.training_seconds += seconds
+                w.experiments += 1
+    return sorted(workers.values(), key=lambda w: w.worker)
+
+
+def _attempts_by_worker(ledger: Ledger, names: set[str]) -> dict[str, list[tuple[float, float | None]]]:
+    out: dict[str, list[tuple[float, float | None]]] = {}
+    for e in ledger.experiments(with_metrics=False):
+        for a in ledger.attempts(e.id):
+            if a.worker in names:
+                out.setdefault(a.worker, []).append((a.started_at, a.ended_at))
+    return out
+
+
+def _training_by_worker(ledger: Ledger) -> dict[str, list[tuple[float, float]]]:
+    """(finished_at, training_seconds) of each finished experiment, under its last attempt's worker."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in ledger.experiments(status=ExperimentStatus.FINISHED):
+        seconds = e.metric("training_seconds")
+        attempts = ledger.attempts(e.id)
+        if seconds is None or not attempts or e.finished_at is None:
+            continue
+        out.setdefault(attempts[-1].worker, []).append((e.finished_at, float(seconds)))
+    return out
+
+
+def attempt_costs(ledger: Ledger) -> dict[str, float]:
+    """Dollars per experiment: each attempt's duration times its worker's hourly price."""
+    prices: dict[str, float] = {}
+    for e in ledger.events(limit=1_000_000):
+        if e.kind == "cluster-up" and e.worker and e.data.get("hourly_price") is not None:
+            prices[e.worker] = float(e.data["hourly_price"])
+    out: dict[str, float] = {}
+    if not prices:
+        return out
+    now = time.time()
+    for e in ledger.experiments(with_metrics=False):
+        for a in ledger.attempts(e.id):
+            if a.worker in prices:
+                seconds = (a.ended_at or now) - a.started_at
+                out[e.id] = out.get(e.id, 0.0) + seconds * prices[a.worker] / 3600
+    return out
+
+
+def cost_summary(ledger: Ledger) -> dict[str, Any] | None:
+    """Fleet totals for reports: cost, efficiency, cost per experiment and per kept improvement.
+
+    Returns:
+        None when the lab never ran a remote cluster.
+    """
+    workers = worker_costs(ledger)
+    if not workers:
+        return None
+    priced = [w for w in workers if w.cost is not None]
+    total = sum(w.cost for w in priced) if priced else None
+    held = sum(w.held_seconds for w in workers)
+    training = sum(w.training_seconds for w in workers)
+    finished = ledger.experiments(status=ExperimentStatus.FINISHED, with_metrics=False)
+    kept = [e for e in finished if e.verdict == "keep"]
+    per_exp = attempt_costs(ledger)
+    return {
+        "workers": [w.to_dict() for w in workers],
+        "total_cost": total,
+        "held_gpu_hours": held / 3600,
+        "training_hours": training / 3600,
+        "setup_hours": sum(w.setup_seconds for w in workers) / 3600,
+        "idle_hours": sum(w.idle_seconds for w in workers) / 3600,
+        "efficiency": training / held if held > 0 else None,
+        "experiments": len(finished),
+        "kept": len(kept),
+        "cost_per_experiment": total / len(finished) if total is not None and finished else None,
+        "cost_per_kept": total / len(kept) if total is not None and kept else None,
+        "experiment_costs": per_exp,
+    }
+
+
+def cost_markdown(summary: dict[str, Any]) -> str:
+    """The fleet section of a report, as Markdown."""
+
+    def money(v: float | None) -> str:
+        return "-" if v is None else f"${v:,.2f}"
+
+    def hours(v: float) -> str:
+        return f"{v:.2f} h"
+
+    eff = summary["efficiency"]
+    lines = [
+        "# Fleet cost and time",
+        "",
+        f"- total cost: {money(summary['total_cost'])} for {hours(summary['held_gpu_hours'])} of held GPUs",
+        f"- training {hours(summary['training_hours'])}, setup {hours(summary['setup_hours'])}, "
+        f"idle {hours(summary['idle_hours'])}; fleet efficiency "
+        f"{'-' if eff is None else f'{eff:.2f}'} (training seconds / held GPU seconds)",
+        f"- {summary['experiments']} experiments, {money(summary['cost_per_experiment'])} each; "
+        f"{summary['kept']} kept improvements, {money(summary['cost_per_kept'])} each",
+        "",
+        "| worker | cluster | gpu | state | $/h | held | setup | training | idle | efficiency | cost |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for w in summary["workers"]:
+        price = w["hourly_price"]
+        e = w["efficiency"]
+        lines.append(
+            f"| {w['worker']} | {w['cluster'] or '-'} | {w['gpu_name'] or '-'} | {w['state']} | "
+            f"{'-' if price is None else f'{price:.2f}'} | {w['held_seconds'] / 3600:.2f} h | "
+            f"{w['setup_seconds'] / 3600:.2f} h | {w['training_seconds'] / 3600:.2f} h | "
+            f"{w['idle_seconds'] / 3600:.2f} h | {'-' if e is None else f'{e:.2f}'} | {money(w['cost'])} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,267 @@
+"""The SkyPilot tasks a remote worker runs, and reading their logs back.
+
+Two tasks per worker cluster:
+
+- the *cluster task* (`sky.launch`, once per cluster): the lab's `fleet/skypilot.yaml`, an
+  ordinary SkyPilot YAML that users may edit (image, disk, setup, envs), with the pool's
+  `accelerators` / `infra` / `use_spot` from `nightlab.toml` filled in. Its setup installs
+  nightlab and the target's dependencies and prepares the data with the lab's profile; its
+  run is a probe that prints the exact GPU name.
+- the *experiment task* (`sky.exec`, once per attempt): `RUN_SCRIPT` with the snapshot
+  inside the job itself, as a base64 tar.gz split over environment variables. The cluster
+  workdir is shared and rsynced without delete, so shipping code through it could let two
+  experiments see each other's files; an env payload cannot. Each variable stays under
+  Linux's 128 KiB limit for one environment string (`MAX_ARG_STRLEN`); a typical lab
+  (train.py, prepare.py, program.md, nightlab.toml) is 10-30 KiB compressed.
+
+Logs come back through `sky.tail_logs` with SkyPilot's `(task, pid=1234) ` prefix on every
+line of the job's output and its own progress lines in between; `clean_job_log` keeps
+the job's lines, strips the prefixes and takes out the two lines the run script adds
+(`nightlab-gpu:` and `nightlab-exit:`).
+
+Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0")`,
+`experiment_task(spec, pool, cluster=...)`; both return real `sky.Task` objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nightlab.config import PoolConfig
+from nightlab.errors import NightlabError, UsageError
+from nightlab.fleet.backend import RunSpec
+from nightlab.snapshots import git
+
+if TYPE_CHECKING:
+    import sky
+
+WORKER_YAML_PATH = Path("fleet") / "skypilot.yaml"
+REMOTE_LAB = "~/sky_workdir"  # where SkyPilot syncs the task's workdir (the lab) on the cluster
+PAYLOAD_CHUNK = 96 * 1024  # bytes of base64 per variable, under MAX_ARG_STRLEN (128 KiB)
+PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 MiB on Linux)
+# The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
+# which starts at the lease, always fires first and cancels the job (outcome `timeout`).
+REMOTE_TIMEOUT_MARGIN = 60
+POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price"}
+
+WORKER_YAML = """\
+# The SkyPilot task of every nightlab worker cluster (one cluster per worker).
+# Reference: https://docs.skypilot.co/en/latest/reference/yaml-spec.html
+#
+# nightlab fills in, per [[fleet.pool]] of nightlab.toml: resources.accelerators,
+# resources.infra and resources.use_spot; `nightlab fleet up` launches one cluster per worker
+# with this file. Edit anything else (image, disk, setup, envs). `run` is replaced: per
+# experiment nightlab ships the snapshot and runs the target with `sky exec`.
+name: nightlab-worker
+
+resources:
+  disk_size: 100
+  # image_id: docker:nvcr.io/nvidia/pytorch:25.01-py3
+
+# The lab itself: synced to ~/sky_workdir at launch (SkyPilot honours .gitignore), so
+# setup can install the target's requirements and prepare its data.
+workdir: .
+
+envs:
+  NIGHTLAB_PIP_SPEC: nightlab  # what `pip install` gets; e.g. nightlab==0.1.0 or a git URL
+  NIGHTLAB_VENV: ~/nightlab-venv
+
+setup: |
+  set -e
+  python3 -m venv "${NIGHTLAB_VENV/#\\~/$HOME}"
+  . "${NIGHTLAB_VENV/#\\~/$HOME}/bin/activate"
+  pip install -q --upgrade pip
+  pip install -q "$NIGHTLAB_PIP_SPEC"
+  if [ -f requirements.txt ]; then pip install -q -r requirements.txt; fi
+  # The data, tokenizer and validation shard the lab measures with, built from the lab's
+  # profile; every result's data fingerprint is checked against the lab's.
+  if [ "$NIGHTLAB_BUILTIN" = 1 ]; then nightlab prepare; elif [ -f prepare.py ]; then python prepare.py; fi
+
+run: |
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/nightlab-gpu: /'
+"""
+
+# The per-experiment run. It never touches the shared workdir: the snapshot comes out of
+# the job's own environment into a directory named for the attempt.
+RUN_SCRIPT = r"""set -u
+venv="${NIGHTLAB_VENV:-$HOME/nightlab-venv}"; venv="${venv/#\~/$HOME}"
+if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
+export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
+run_dir="$HOME/nightlab/runs/$NIGHTLAB_RUN"
+rm -rf "$run_dir" && mkdir -p "$run_dir"
+i=0
+while [ "$i" -lt "$NIGHTLAB_PAYLOAD_CHUNKS" ]; do
+  eval "printf '%s' \"\$NIGHTLAB_PAYLOAD_$i\""
+  i=$((i + 1))
+done | base64 -d | tar -xzf - -C "$run_dir"
+if [ $? -ne 0 ]; then echo "nightlab: the snapshot payload could not be unpacked"; echo "nightlab-exit: 97"; exit 97; fi
+unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+echo "nightlab-gpu: ${gpu:-none}"
+cd "$run_dir"
+timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND"
+code=$?
+echo "nightlab-exit: $code"
+cd "$HOME" && rm -rf "$run_dir"
+exit $code
+"""
+
+
+def _sky():
+    try:
+        import sky
+    except ImportError as e:
+        raise UsageError(
+            'a [[fleet.pool]] uses `backend = "skypilot"` but SkyPilot is not installed; '
+            "run `pip install 'nightlab[skypilot]'`"
+        ) from e
+    return sky
+
+
+def check_pool(pool: PoolConfig) -> None:
+    """Refuse unknown keys of a skypilot pool (config.py passes them through as `options`)."""
+    unknown = sorted(set(pool.options) - POOL_OPTIONS)
+    if unknown:
+        raise UsageError(
+            f"unknown key `{unknown[0]}` in the skypilot pool of tier `{pool.tier}`; "
+            f"known keys: backend, tier, workers, {', '.join(sorted(POOL_OPTIONS))}"
+        )
+
+
+def worker_yaml(lab_dir: Path) -> Path:
+    """The lab's `fleet/skypilot.yaml`, written from the template when missing."""
+    path = lab_dir / WORKER_YAML_PATH
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(WORKER_YAML)
+    return path
+
+
+def load_worker_config(lab_dir: Path) -> dict[str, Any]:
+    """The parsed worker YAML (a SkyPilot task config)."""
+    import yaml  # a SkyPilot dependency
+
+    path = worker_yaml(lab_dir)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"`{path}` is not valid YAML: {str(e).splitlines()[0]}; fix it or delete it") from e
+    if not isinstance(doc, dict):
+        raise UsageError(f"`{path}` must be a SkyPilot task (a YAML mapping); fix it or delete it")
+    return doc
+
+
+def _resources(doc: dict[str, Any], pool: PoolConfig) -> dict[str, Any]:
+    res = dict(doc.get("resources") or {})
+    for key in ("accelerators", "infra", "use_spot"):
+        if key in pool.options:
+            res[key] = pool.options[key]
+    return res
+
+
+def cluster_task(lab_dir: Path, pool: PoolConfig, *, cluster: str, builtin: bool) -> sky.Task:
+    """The task `sky.launch` runs once per worker cluster: set-up plus a GPU probe."""
+    sky = _sky()
+    doc = load_worker_config(lab_dir)
+    doc["name"] = cluster
+    doc["resources"] = _resources(doc, pool)
+    workdir = doc.get("workdir", ".")
+    if isinstance(workdir, str):
+        doc["workdir"] = str((lab_dir / workdir).resolve())  # relative to the lab
+    envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
+    envs.update({"NIGHTLAB_TIER": pool.tier, "NIGHTLAB_BUILTIN": "1" if builtin else "0"})
+    doc["envs"] = envs
+    try:
+        return sky.Task.from_yaml_config(doc)
+    except (ValueError, TypeError) as e:  # SkyPilot's schema errors
+        raise UsageError(f"`{lab_dir / WORKER_YAML_PATH}` is not a valid SkyPilot task: {e}") from e
+
+
+def payload_envs(lab_dir: Path, commit: str) -> dict[str, str]:
+    """The snapshot as a base64 tar.gz split over `NIGHTLAB_PAYLOAD_<i>` variables."""
+    data = base64.b64encode(git(lab_dir, "archive", "--format=tar.gz", commit)).decode()
+    if len(data) > PAYLOAD_LIMIT:
+        raise NightlabError(
+            f"snapshot `{commit[:12]}` is {len(data) / 2**20:.1f} MiB as a payload (limit "
+            f"{PAYLOAD_LIMIT / 2**20:.0f} MiB); untrack large files in the lab (`git rm --cached`)"
+        )
+    chunks = [data[i : i + PAYLOAD_CHUNK] for i in range(0, len(data), PAYLOAD_CHUNK)] or [""]
+    envs = {f"NIGHTLAB_PAYLOAD_{i}": c for i, c in enumerate(chunks)}
+    envs["NIGHTLAB_PAYLOAD_CHUNKS"] = str(len(chunks))
+    return envs
+
+
+def job_name(spec: RunSpec) -> str:
+    """The SkyPilot job name of an attempt; a restarted controller finds the job by it."""
+    return f"nightlab-{spec.experiment_id}-a{spec.attempt}"
+
+
+def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Task:
+    """The task `sky.exec` runs for one attempt (see the module docstring)."""
+    sky = _sky()
+    doc = load_worker_config(lab_dir)
+    envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
+    envs.update({k: v for k, v in spec.env.items() if k != "NIGHTLAB_LAB"})
+    envs.update(payload_envs(lab_dir, spec.snapshot))
+    envs.update(
+        {
+            "NIGHTLAB_RUN": f"{spec.experiment_id}-a{spec.attempt}",
+            "NIGHTLAB_COMMAND": spec.command,
+            "NIGHTLAB_REMOTE_TIMEOUT": str(int(spec.timeout) + REMOTE_TIMEOUT_MARGIN),
+        }
+    )
+    accelerators = _resources(doc, pool).get("accelerators")
+    # the job must ask for the GPU, or SkyPilot schedules it with no visible device
+    resources = sky.Resources(accelerators=accelerators)
+    return sky.Task(name=job_name(spec), run=RUN_SCRIPT, envs=envs, resources=resources)
+
+
+# ---------------------------------------------------------------------------- reading logs
+
+_COLOR = r"(?:\x1b\[[0-9;]*m)*"
+_PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
+_TAG = re.compile(r"^nightlab-(gpu|exit): ?(.*?)\s*$")
+
+
+def clean_job_log(text: str) -> tuple[str, dict[str, str]]:
+    """The job's own output from a `tail_logs` text, and the tags the run script printed.
+
+    Lines with SkyPilot's `(name, pid=N)` prefix are the job's; the prefix goes. Lines without
+    one are SkyPilot's progress output and are dropped, unless no line has a prefix at all
+    (another SkyPilot log format), in which case every line is kept.
+
+    Returns:
+        (log text, {"gpu": name, "exit": code}) with the tags found.
+    """
+    lines = text.splitlines()
+    prefixed = [_PREFIX.sub("", line, count=1) for line in lines if _PREFIX.match(line)]
+    kept = prefixed if prefixed else lines
+    out, tags = [], {}
+    for line in kept:
+        match = _TAG.match(line)
+        if match:
+            tags[match.group(1)] = match.group(2)
+        else:
+            out.append(line)
+    return "\n".join(out) + ("\n" if out else ""), tags
+
+
+def with_run_keys(log_text: str, *, tier: str, gpu: str | None) -> str:
+    """Append `tier` and `gpu_name` to the summary block when the block ends the log.
+
+    A block that is not last (a crash after it) is left alone: lines added after a
+    traceback would read as its exception line.
+    """
+    from nightlab.fleet.runner import clean_lines, parse_summary
+
+    if parse_summary(log_text) is None:
+        return log_text
+    lines = [line for line in clean_lines(log_text) if line.strip()]
+    start = max(i for i, line in enumerate(lines) if line.strip() == "---")
+    if not all(re.match(r"^\s*[A-Za-z_][\w.\-]*\s*:", line) for line in lines[start + 1 :]):
+        return log_text
+    extra = f"tier: {tier}\n" + (f"gpu_name: {gpu}\n" if gpu and gpu != "none" else "")
+    return log_text + ("" if log_text.endswith("\n") else "\n") + extra
