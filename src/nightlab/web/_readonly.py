@@ -1,0 +1,81 @@
+"""A lab opened for reading only: what every dashboard request works on.
+
+The dashboard must never change a lab, so it does not open the ledger through
+`Lab`: that migrates the schema and sets pragmas (writes). Here the SQLite file is
+opened with the `mode=ro` URI, so even a bug that reached a `Ledger` writer would fail
+with "attempt to write a readonly database" instead of changing anything, and
+`transaction()` refuses up front with a clear message.
+
+One `ReadOnlyLab` per request: a `Ledger` belongs to one thread and FastAPI runs
+synchronous endpoints in a thread pool. Opening costs well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from nightlab import snapshots
+from nightlab.config import CONFIG_NAME, LabConfig, load_config
+from nightlab.errors import LedgerError, NightlabError
+from nightlab.ledger import SCHEMA_VERSION, Ledger
+
+
+class ReadOnlyLedger(Ledger):
+    """A `Ledger` whose connection cannot write (SQLite `mode=ro`)."""
+
+    def __init__(self, path: Path | str) -> None:  # noqa: D107 - no super(): that would migrate (write)
+        self.path = Path(path)
+        if not self.path.exists():
+            raise LedgerError(f"ledger `{self.path}` does not exist; run `nightlab init` to create a lab")
+        try:
+            self._conn = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0, isolation_level=None
+            )
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA busy_timeout = 60000")
+            version = self.schema_version()
+        except sqlite3.Error as e:
+            raise LedgerError(f"cannot open ledger `{self.path}` read-only: {e}") from e
+        if version != SCHEMA_VERSION:
+            self._conn.close()
+            raise LedgerError(
+                f"ledger `{self.path}` has schema v{version}, this nightlab reads v{SCHEMA_VERSION}; "
+                "run `nightlab status` once to upgrade it, or upgrade nightlab"
+            )
+
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        raise NightlabError("the dashboard is read-only: it never writes the ledger")
+
+    def version(self) -> int:
+        """The id of the latest event: it grows with every change the lab records."""
+        return int(self._query("SELECT COALESCE(MAX(id), 0) FROM events")[0][0])
+
+
+class ReadOnlyLab:
+    """The parts of `nightlab.lab.Lab` that reading needs: path, config, ledger, HEAD."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config: LabConfig = load_config(path / CONFIG_NAME)
+        self.ledger = ReadOnlyLedger(path / ".nightlab" / "ledger.db")
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def __enter__(self) -> ReadOnlyLab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def head(self) -> str:
+        return snapshots.head(self.path)
+
+    def head_tree(self) -> str:
+        return snapshots.tree_of(self.path, "HEAD")
+
+    def version(self) -> str:
+        """Changes whenever anything the overview shows can have changed (an event or a new HEAD)."""
+        return f"{self.ledger.version()}-{self.head()[:12]}"

@@ -1,0 +1,426 @@
+"""The data of each dashboard page, as plain JSON-ready dicts.
+
+Every figure comes from the function the CLI uses for the same figure, so a page and
+`nightlab ... --json` can never disagree on one ledger:
+
+- incumbent and baseline figures, leaderboard rows, deltas, verdicts:
+  `cli.results.results_payload` over `analysis.results` (= `nightlab results --json`);
+- controller, workers, running and queued experiments, fleet efficiency:
+  `cli.status.fleet_state` (= `nightlab status --json`);
+- diff and log tail: `snapshots.diff` and `fleet.runner.read_tail` / `clean_lines`
+  (as `nightlab show --json`);
+- wave effects: `search.effects.estimate_effects`.
+
+Only what no CLI command reports is computed here: the live loss parsed from a running
+log (`_live`), repeats / promotions / children of an experiment, and the chart series.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from nightlab.ledger import Experiment, ExperimentStatus
+from nightlab.web._live import log_progress
+from nightlab.web._readonly import ReadOnlyLab
+
+LEADERBOARD_ROWS = 25
+RECENT_CRASHES = 10
+DESCRIPTION_CHARS = 160  # what the chart's hover shows; the experiment page has the whole text
+
+
+def finite(value: Any) -> Any:
+    """The value with every NaN / infinity replaced by None (browsers' JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def _results(lab: ReadOnlyLab) -> tuple[dict[str, Any], list[Experiment]]:
+    from nightlab.analysis import results
+    from nightlab.cli.results import results_payload
+
+    rows, incumbents = results(lab.ledger, lab.config, lab.path)
+    return results_payload(lab, rows, incumbents), [r.experiment for r in rows]
+
+
+def _fleet_state(lab: ReadOnlyLab) -> dict[str, Any]:
+    from nightlab.cli.status import fleet_state
+
+    return fleet_state(lab)
+
+
+def counts(experiments: list[dict[str, Any]]) -> dict[str, int]:
+    """done / ok / crashed / invalid / running / queued / cancelled, from results rows."""
+    out = dict.fromkeys(("done", "ok", "crashed", "invalid", "running", "queued", "cancelled"), 0)
+    for e in experiments:
+        status = e["status"]
+        if status == "finished":
+            out["done"] += 1
+            kind = "ok" if e["outcome"] == "ok" else "invalid" if e["outcome"] == "invalid" else "crashed"
+            out[kind] += 1
+        elif status in out:
+            out[status] += 1
+    return out
+
+
+def tier_summaries(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per tier: the incumbent's and the baseline's figure and the improvement between them."""
+    out = []
+    baseline = payload.get("baseline", {}).get("tiers", {})
+    for tier, inc in payload["incumbent"]["tiers"].items():
+        base = baseline.get(tier)
+        improvement = relative = None
+        if inc and base:
+            improvement = inc["mean"] - base["mean"]
+            relative = improvement / base["mean"] if base["mean"] else None
+        out.append(
+            {
+                "tier": tier,
+                "incumbent": inc,
+                "baseline": base,
+                "improvement": improvement,
+                "relative": relative,
+            }
+        )
+    return out
+
+
+def overview(lab: ReadOnlyLab) -> dict[str, Any]:
+    """Incumbent and improvement per tier, counts, fleet efficiency, leaderboard, recent crashes."""
+    payload, _ = _results(lab)
+    state = _fleet_state(lab)
+    rows = payload["experiments"]
+    metric = payload["metric"]
+    return finite(
+        {
+            "metric": metric,
+            "direction": payload["direction"],
+            "incumbent_commit": payload["incumbent"]["commit"],
+            "tiers": tier_summaries(payload),
+            "counts": counts(rows),
+            "efficiency": state["efficiency"],
+            "controller": state["controller"],
+            "leaderboard": [r for r in rows if r[metric] is not None][:LEADERBOARD_ROWS],
+            "recent_crashes": sorted(
+                (r for r in rows if r["status"] == "finished" and r["outcome"] not in ("ok", "invalid")),
+                key=lambda r: r["finished_at"] or 0,
+                reverse=True,
+            )[:RECENT_CRASHES],
+            "version": lab.version(),
+        }
+    )
+
+
+def progress_series(lab: ReadOnlyLab) -> dict[str, Any]:
+    """Every ok experiment as a point in time order, and each tier's running best of kept ones.
+
+    Kept means what `report.progress_png` highlights (`report.tsv_status` == keep).
+    """
+    from nightlab.report import tsv_status
+
+    exps = lab.ledger.experiments(status=ExperimentStatus.FINISHED)
+    metric = lab.config.metric.name
+    better = min if lab.config.metric.lower_is_better else max
+    points = sorted(
+        (
+            (e.finished_at, e)
+            for e in exps
+            if e.ok and e.finished_at is not None and e.metric(metric) is not None
+        ),
+        key=lambda p: (p[0], p[1].seq),
+    )
+    best: dict[str, float] = {}
+    out = []
+    for t, e in points:
+        value = e.metric(metric)
+        kept = tsv_status(e) == "keep"
+        if kept:
+            best[e.tier] = value if e.tier not in best else better(best[e.tier], value)
+        out.append(
+            {
+                "id": e.id,
+                "t": t,
+                "y": value,
+                "tier": e.tier,
+                "kept": kept,
+                "best": best.get(e.tier),
+                "description": e.description[:DESCRIPTION_CHARS],
+            }
+        )
+    return {
+        "metric": metric,
+        "direction": lab.config.metric.direction,
+        "tiers": sorted({p["tier"] for p in out}),
+        "points": finite(out),
+        "version": lab.version(),
+    }
+
+
+def _gpu(info: dict[str, Any]) -> str | None:
+    for key in ("gpu", "gpu_name", "accelerator", "accelerators", "gpus", "cuda_visible_devices"):
+        value = info.get(key)
+        if value not in (None, "", [], ()):
+            return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return None
+
+
+def _budget_seconds(lab: ReadOnlyLab) -> tuple[float, str]:
+    profile = lab.config.profile or {}
+    budget = profile.get("budget_seconds")
+    if isinstance(budget, (int, float)) and budget > 0:
+        return float(budget), "budget"
+    return float(lab.config.target.timeout), "timeout"
+
+
+def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
+    """One row per worker with its running experiment, elapsed time, progress and live loss."""
+    state = _fleet_state(lab)
+    running = {r["worker"]: r for r in state["running"] if r["worker"]}
+    budget, budget_kind = _budget_seconds(lab)
+    rows = []
+    for w in state["workers"]:
+        run = running.get(w["name"])
+        live = progress = source = None
+        if run is not None:
+            attempts = lab.ledger.attempts(run["id"])
+            live = log_progress(attempts[-1].log_path if attempts else None)
+            if live.percent is not None:
+                progress, source = live.percent / 100, "log"
+            elif run["elapsed"] is not None:
+                progress, source = min(run["elapsed"] / budget, 1.0), budget_kind
+        rows.append(
+            {
+                "name": w["name"],
+                "tier": w["tier"],
+                "backend": w["backend"],
+                "gpu": _gpu(w["info"]),
+                "state": w["state"],
+                "experiment": run,
+                "progress": progress,
+                "progress_source": source,
+                "loss": live.loss if live else None,
+                "loss_line": live.line if live else None,
+            }
+        )
+    return finite(
+        {
+            "controller": state["controller"],
+            "efficiency": state["efficiency"],
+            "workers": rows,
+            "running": state["running"],
+            "queued": state["queued"],
+            "budget_seconds": budget,
+            "budget_kind": budget_kind,
+            "now": time.time(),
+        }
+    )
+
+
+def _commit_trees(lab: ReadOnlyLab) -> dict[str, str]:
+    """commit -> tree for every commit on the lab's branch (where adopted snapshots land)."""
+    from nightlab import snapshots
+
+    out = {}
+    for line in snapshots.git_text(lab.path, "log", "--format=%H %T", "HEAD").splitlines():
+        commit, _, tree = line.partition(" ")
+        out[commit] = tree
+    return out
+
+
+def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) -> dict[str, Any]:
+    """One experiment as `nightlab show --json` has it, plus its relatives and live progress.
+
+    Raises:
+        UnknownExperimentError: no such experiment.
+    """
+    from nightlab import snapshots
+    from nightlab.errors import SnapshotError
+    from nightlab.fleet.runner import clean_lines, read_tail
+
+    e = lab.ledger.get(experiment_id)
+    attempts = lab.ledger.attempts(e.id)
+    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
+    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
+    while tail and not tail[-1].strip():
+        tail.pop()
+    try:
+        diff = snapshots.diff(lab.path, e.parent, e.snapshot)
+    except SnapshotError as err:
+        diff = f"(diff unavailable: {err})"
+    data = e.to_dict()
+    data.update(attempts=[a.to_dict() for a in attempts], diff=diff, log_tail=tail, log_path=log_path)
+
+    everyone = lab.ledger.experiments(with_metrics=False)
+    line = _commit_trees(lab)
+    trees = {x.snapshot: x.tree for x in everyone} | line
+    same = [x for x in everyone if x.tree == e.tree and x.id != e.id]
+    parent_tree = trees.get(e.parent) if e.parent else None
+    # the parent is an experiment's snapshot, or a commit on the lab's branch: then the
+    # experiment whose files it holds (the adopted one first) stands for it
+    same_files = sorted(
+        (x for x in everyone if parent_tree is not None and x.tree == parent_tree and x.id != e.id),
+        key=lambda x: (x.adopted_at is None, x.seq),
+    )
+    parent_exp = next((x for x in everyone if x.snapshot == e.parent), None) or next(iter(same_files), None)
+    children = [x for x in everyone if x.id != e.id and x.parent and trees.get(x.parent) == e.tree]
+
+    def brief(x: Experiment) -> dict[str, Any]:
+        return {
+            "id": x.id,
+            "tier": x.tier,
+            "seed": x.seed,
+            "status": x.status.label,
+            "outcome": x.outcome,
+            "verdict": x.verdict,
+            "description": x.description,
+        }
+
+    data["related"] = {
+        "parent_commit": e.parent,
+        "parent": brief(parent_exp) if parent_exp else None,
+        "parent_on_branch": e.parent in line if e.parent else False,
+        "repeats": [brief(x) for x in same if x.tier == e.tier],
+        "promotions": [brief(x) for x in same if x.tier != e.tier],
+        "children": [brief(x) for x in children],
+    }
+    data["live"] = None
+    if e.status == ExperimentStatus.RUNNING and attempts:
+        live = log_progress(attempts[-1].log_path)
+        data["live"] = {"loss": live.loss, "percent": live.percent, "line": live.line}
+    return finite(data)
+
+
+def _coded_levels(values: list[str]) -> dict[str, float]:
+    """Distinct values of one factor -> evenly spaced coded levels in [-1, +1], in value order."""
+    try:
+        ordered = sorted(set(values), key=float)
+    except ValueError:
+        ordered = sorted(set(values))
+    if len(ordered) == 1:
+        return {ordered[0]: 0.0}
+    return {v: -1.0 + 2.0 * i / (len(ordered) - 1) for i, v in enumerate(ordered)}
+
+
+def wave_effects(lab: ReadOnlyLab, spec: dict[str, Any], exps: list[Experiment]) -> dict[str, Any] | None:
+    """Main effects and interactions of a wave's factors (None when the wave has no factors).
+
+    Factors are `spec["factors"]` when the wave recorded them, else the knobs whose value
+    varies across the wave's experiments. A factor's coded level is its rank among the
+    values it takes, spread evenly over [-1, +1] (a two-level factor: -1 / +1), which is
+    how `search.designs` codes runs.
+    """
+    factors = spec.get("factors")
+    if not (isinstance(factors, list) and factors and all(isinstance(f, str) for f in factors)):
+        keys = sorted({k for e in exps for k in e.params})
+        factors = [k for k in keys if len({e.params.get(k) for e in exps}) > 1]
+    if not factors:
+        return None
+    from nightlab.search.effects import estimate_effects
+
+    metric = lab.config.metric.name
+    levels = {f: _coded_levels([e.params[f] for e in exps if f in e.params]) for f in factors}
+    measured = [
+        e for e in exps if e.ok and e.metric(metric) is not None and all(f in e.params for f in factors)
+    ]
+    result = estimate_effects(
+        [{f: levels[f][e.params[f]] for f in factors} for e in measured],
+        [e.metric(metric) for e in measured],
+        factors,
+        lower_is_better=lab.config.metric.lower_is_better,
+        crashed=sum(1 for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok),
+        pending=sum(1 for e in exps if not e.status.is_finished()),
+    )
+    return finite(
+        {
+            "factors": list(result.factors),
+            "levels": levels,
+            "n_runs": result.n_runs,
+            "intercept": result.intercept,
+            "terms": [
+                {
+                    "term": t.term,
+                    "coefficient": t.coefficient,
+                    "effect": t.effect,
+                    "std_error": t.std_error,
+                    "p_value": t.p_value,
+                }
+                for t in result.terms
+            ],
+            "dropped": list(result.dropped),
+            "residual_dof": result.residual_dof,
+            "r_squared": result.r_squared,
+            "predicted_best": result.predicted_best,
+            "predicted_metric": result.predicted_metric,
+            "crashed": result.crashed,
+            "pending": result.pending,
+            "message": result.message,
+        }
+    )
+
+
+def waves(lab: ReadOnlyLab) -> dict[str, Any]:
+    """Every wave with its design and the state of its experiments."""
+    exps = lab.ledger.experiments(with_metrics=False)
+    by_wave: dict[str, list[Experiment]] = {}
+    for e in exps:
+        if e.wave:
+            by_wave.setdefault(e.wave, []).append(e)
+    out = []
+    for w in lab.ledger.waves():
+        mine = by_wave.get(w.id, [])
+        out.append(
+            {
+                **w.to_dict(),
+                "counts": counts([{"status": e.status.label, "outcome": e.outcome} for e in mine]),
+            }
+        )
+    return finite({"waves": out[::-1], "version": lab.version()})
+
+
+def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
+    """One wave: design, every experiment with its knob values and metric, and the effects.
+
+    Raises:
+        UnknownExperimentError: no such wave.
+    """
+    w = lab.ledger.wave(wave_id)
+    exps = lab.ledger.experiments(wave=w.id)
+    metric = lab.config.metric.name
+    rows = [
+        {
+            "id": e.id,
+            "status": e.status.label,
+            "outcome": e.outcome,
+            "verdict": e.verdict,
+            "tier": e.tier,
+            "seed": e.seed,
+            "params": e.params,
+            metric: e.metric(metric) if e.ok else None,
+            "description": e.description,
+        }
+        for e in exps
+    ]
+    return finite(
+        {
+            **w.to_dict(),
+            "metric": metric,
+            "counts": counts(rows),
+            "experiments": rows,
+            "effects": wave_effects(lab, w.spec, exps),
+            "version": lab.version(),
+        }
+    )
+
+
+def agent(lab: ReadOnlyLab) -> dict[str, Any]:
+    """The supervisor's state and transcript tail (`present` False when no agent ran)."""
+    from nightlab.web._agent import agent_state
+
+    return finite(agent_state(lab.path))

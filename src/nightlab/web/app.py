@@ -1,0 +1,283 @@
+"""The dashboard's web app: FastAPI routes, server-rendered pages and JSON endpoints.
+
+    app = create_app(Path("mylab"), token=None)
+    uvicorn.run(app, host="127.0.0.1", port=8350)
+
+Pages are rendered on the server with Jinja2 (autoescaping on: a description, diff or
+log line containing `<script>` shows as text). Each page wraps its changing part in
+`#live`; `static/dashboard.js` re-fetches that part with `?partial=1` every few seconds
+and swaps it in, so pages update without a reload and no template exists twice. The
+overview and wave pages answer `?since=<version>` with 204 while the ledger has not
+changed, which keeps an idle tab's polling almost free on a 5,000-experiment ledger.
+Charts use uPlot (vendored under `static/`, MIT, no CDN) fed from the JSON endpoints.
+
+Safety:
+- read-only: only GET (and HEAD) routes exist; the ledger is opened with SQLite's
+  `mode=ro`, so nothing here can start, stop or change anything;
+- `allowed_hosts` rejects requests whose Host header is not the bound name (a page on
+  another site cannot reach a loopback dashboard through DNS rebinding);
+- with `token`, every request needs it: `Authorization: Bearer <token>`, `?token=`
+  (which also sets an HttpOnly cookie so links and polling keep working) or that cookie;
+- a Content-Security-Policy allows scripts and styles from the dashboard itself only.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from nightlab.errors import LedgerError, NightlabError, UnknownExperimentError
+from nightlab.web import _views
+from nightlab.web._readonly import ReadOnlyLab
+
+TOKEN_COOKIE = "nightlab_token"
+POLL_MS = {"overview": 3000, "fleet": 2000, "experiment": 2000, "waves": 5000, "wave": 5000, "agent": 2000}
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def highlight_diff(diff: str) -> Markup:
+    """The diff as HTML, syntax-highlighted by Pygments (which escapes every character of it)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import DiffLexer
+
+    return Markup(highlight(diff, DiffLexer(), HtmlFormatter(cssclass="hl", nowrap=False)))
+
+
+def _duration(seconds: float | None) -> str:
+    from nightlab.cli._common import duration
+
+    return duration(seconds)
+
+
+def _number(value: Any, digits: int = 6) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _signed(value: Any, digits: int = 6) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
+
+
+def _clock(ts: float | None) -> str:
+    import time
+
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _templates() -> Environment:
+    env = Environment(
+        loader=PackageLoader("nightlab.web", "templates"),
+        autoescape=select_autoescape(("html",), default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(duration=_duration, number=_number, signed=_signed, clock=_clock)
+    env.filters["highlight_diff"] = highlight_diff
+    return env
+
+
+class _ReadOnlyApp:
+    """Opens the lab read-only for each request and renders pages and fragments."""
+
+    def __init__(self, lab_dir: Path) -> None:
+        self.lab_dir = lab_dir
+        self.env = _templates()
+
+    def data(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        with ReadOnlyLab(self.lab_dir) as lab:
+            return fn(lab, *args)
+
+    def page(self, request: Request, name: str, data: dict[str, Any], **extra: Any) -> Response:
+        """The full page, or only its live fragment with `?partial=1` (204 when `since` is current)."""
+        version = data.get("version")
+        headers = {"Cache-Control": "no-store"}
+        if version is not None:
+            headers["X-Nightlab-Version"] = str(version)
+        if request.query_params.get("partial"):
+            if version is not None and request.query_params.get("since") == str(version):
+                return Response(status_code=204, headers=headers)
+            template = self.env.get_template(f"{name}_live.html")
+        else:
+            template = self.env.get_template("page.html")
+        context = {"d": data, "page": name, "poll_ms": POLL_MS[name], "lab_name": self.lab_dir.name, **extra}
+        return HTMLResponse(template.render(**context), headers=headers)
+
+
+class _TokenMiddleware:
+    """Every request must carry the token (header, query or cookie); a query token sets the cookie."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        header = request.headers.get("authorization", "")
+        offered = [
+            header[7:] if header.lower().startswith("bearer ") else "",
+            request.query_params.get("token", ""),
+            request.cookies.get(TOKEN_COOKIE, ""),
+        ]
+        if not any(o and secrets.compare_digest(o.encode(), self.token.encode()) for o in offered):
+            response = PlainTextResponse(
+                "401: this dashboard needs its token: open it as /?token=TOKEN", status_code=401
+            )
+            await response(scope, receive, send)
+            return
+        if request.query_params.get("token"):
+
+            async def send_with_cookie(message: dict) -> None:
+                if message["type"] == "http.response.start":
+                    cookie = f"{TOKEN_COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+                    message.setdefault("headers", []).append((b"set-cookie", cookie.encode()))
+                await send(message)
+
+            await self.app(scope, receive, send_with_cookie)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    lab_dir: Path, *, token: str | None = None, allowed_hosts: list[str] | tuple[str, ...] = ("*",)
+) -> FastAPI:
+    """The dashboard of the lab at `lab_dir`.
+
+    Args:
+        lab_dir: the lab directory (read, never written).
+        token: when set, every request must carry it.
+        allowed_hosts: Host header values to accept (`*` for any).
+
+    Raises:
+        NotALabError / ConfigError / LedgerError: `lab_dir` is not a readable lab.
+    """
+    ReadOnlyLab(lab_dir).close()  # fail at start-up, not on the first request
+    # no /docs or /openapi.json: they load their UI from a CDN and list nothing a researcher needs
+    app = FastAPI(title="nightlab dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    site = _ReadOnlyApp(lab_dir)
+    static = Path(__file__).parent / "static"
+    app.mount("/static", StaticFiles(directory=static), name="static")
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", _CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        return response
+
+    if list(allowed_hosts) != ["*"]:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    if token:
+        app.add_middleware(_TokenMiddleware, token=token)
+
+    @app.exception_handler(UnknownExperimentError)
+    async def not_found(request: Request, exc: UnknownExperimentError) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        html = site.env.get_template("error.html").render(message=str(exc), page="", lab_name=lab_dir.name)
+        return HTMLResponse(html, status_code=404)
+
+    @app.exception_handler(NightlabError)
+    async def lab_error(request: Request, exc: NightlabError) -> Response:
+        status = 503 if isinstance(exc, LedgerError) else 500
+        return JSONResponse({"error": str(exc)}, status_code=status)
+
+    # ------------------------------------------------------------------ JSON
+
+    def dump(data: Any) -> Response:
+        body = json.dumps(data, separators=(",", ":"), default=str)
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/results")
+    def api_results() -> Response:
+        """Exactly `nightlab results --json`."""
+        return dump(site.data(lambda lab: _views.finite(_views._results(lab)[0])))
+
+    @app.get("/api/status")
+    def api_status() -> Response:
+        """Exactly `nightlab status --json`."""
+        return dump(site.data(lambda lab: _views.finite(_views._fleet_state(lab))))
+
+    @app.get("/api/overview")
+    def api_overview() -> Response:
+        return dump(site.data(_views.overview))
+
+    @app.get("/api/progress")
+    def api_progress() -> Response:
+        return dump(site.data(_views.progress_series))
+
+    @app.get("/api/fleet")
+    def api_fleet() -> Response:
+        return dump(site.data(_views.fleet))
+
+    @app.get("/api/experiments/{experiment_id}")
+    def api_experiment(experiment_id: str) -> Response:
+        return dump(site.data(_views.experiment, experiment_id))
+
+    @app.get("/api/waves")
+    def api_waves() -> Response:
+        return dump(site.data(_views.waves))
+
+    @app.get("/api/waves/{wave_id}")
+    def api_wave(wave_id: str) -> Response:
+        return dump(site.data(_views.wave, wave_id))
+
+    @app.get("/api/agent")
+    def api_agent() -> Response:
+        return dump(site.data(_views.agent))
+
+    # ------------------------------------------------------------------ pages
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview_page(request: Request) -> Response:
+        return site.page(request, "overview", site.data(_views.overview))
+
+    @app.get("/fleet", response_class=HTMLResponse)
+    def fleet_page(request: Request) -> Response:
+        return site.page(request, "fleet", site.data(_views.fleet))
+
+    @app.get("/experiments/{experiment_id}", response_class=HTMLResponse)
+    def experiment_page(request: Request, experiment_id: str) -> Response:
+        return site.page(request, "experiment", site.data(_views.experiment, experiment_id))
+
+    @app.get("/waves", response_class=HTMLResponse)
+    def waves_page(request: Request) -> Response:
+        return site.page(request, "waves", site.data(_views.waves))
+
+    @app.get("/waves/{wave_id}", response_class=HTMLResponse)
+    def wave_page(request: Request, wave_id: str) -> Response:
+        return site.page(request, "wave", site.data(_views.wave, wave_id))
+
+    @app.get("/agent", response_class=HTMLResponse)
+    def agent_page(request: Request) -> Response:
+        return site.page(request, "agent", site.data(_views.agent))
+
+    @app.get("/highlight.css")
+    def highlight_css() -> Response:
+        from pygments.formatters import HtmlFormatter
+
+        css = HtmlFormatter(style="default").get_style_defs(".hl")
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    return app
