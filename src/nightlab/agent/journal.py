@@ -341,8 +341,9 @@ class Journal:
         lower = self.direction == "lower"
         ideas = self.ideas
         lines = [
-            f"# Journal: {self.experiments} experiments, {len(ideas)} ideas in {len(self.themes)} themes, "
-            f"{len(self.seed_changes)} seed changes; {self.metric}, {'lower' if lower else 'higher'} is better",
+            f"# Journal: {_count(self.experiments, 'experiment')}, {_count(len(ideas), 'idea')} in "
+            f"{_count(len(self.themes), 'theme')}, {_count(len(self.seed_changes), 'seed change')}; "
+            f"{self.metric}, {'lower' if lower else 'higher'} is better",
             f'incumbent {self.incumbent[:10]} "{self.incumbent_subject}"',
         ]
         for tier, f in sorted(self.incumbent_figures.items()):
@@ -388,13 +389,17 @@ class Journal:
             runs = sum(len(i.ids) for i in self.repeats)
             lines += [
                 "",
-                f"## re-measurements of unchanged snapshots: {runs} runs of {len(self.repeats)} snapshots",
+                f"## re-measurements of unchanged snapshots: {_count(runs, 'run')} of {_count(len(self.repeats), 'snapshot')}",
             ]
             if keep is None:
                 lines += [i.line() for i in self.repeats]
         if self.in_flight:
             lines += ["", f"in flight: {', '.join(self.in_flight)}"]
         return "\n".join(lines) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _score(idea: Idea, lower_is_better: bool) -> float:
