@@ -64,6 +64,12 @@ def test_factorial_integer_knob_always_moves() -> None:
     assert len({r["D"] for r in runs}) == 2
 
 
+def test_factorial_with_unhashable_list_values() -> None:
+    strategy = FactorialStrategy([parse_space("B=[0.8,0.95],[0.9,0.99]"), parse_space("X=uniform(0,1)")])
+    runs = strategy.propose({"B": "[0.8, 0.95]", "X": "0.5"}, [], 4)
+    assert sorted({r["B"] for r in runs}) == ["[0.8,0.95]", "[0.9,0.99]"]
+
+
 def test_missing_incumbent_knob() -> None:
     with pytest.raises(UsageError, match="no knob `X`"):
         FactorialStrategy([parse_space("X=uniform(0,1)")]).propose({}, [], 4)

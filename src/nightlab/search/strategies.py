@@ -162,7 +162,7 @@ class FactorialStrategy(BaseStrategy):
         step = self.step / 2**misses
         if step < self.min_step:
             return None
-        local: list[Dimension] = []
+        local: list[Choice] = []
         for dim in self.dims:
             current = self._incumbent_value(dim, incumbent)
             if isinstance(dim, Choice):
@@ -185,7 +185,7 @@ class FactorialStrategy(BaseStrategy):
                     if low == high:
                         high = _step_value(dim, low, +1, step)
             local.append(Choice(dim.name, (dim.to_source(low), dim.to_source(high))))
-        if any(len(set(d.values)) < 2 for d in local):
+        if any(d.sources[0] == d.sources[1] for d in local):
             return None  # a knob has no room left to move
         return two_level_design(local, max_runs=k)
 
