@@ -49,9 +49,11 @@ def test_full_factorial_all_combinations() -> None:
     assert two.runs[0] == {"A": "1", "C": "2**1"}
 
 
-def test_full_factorial_refuses_empty_and_huge() -> None:
+def test_full_factorial_refuses_empty_one_level_and_huge() -> None:
     with pytest.raises(UsageError, match="empty design"):
         full_factorial([])
+    with pytest.raises(UsageError, match="at least 2 levels"):
+        full_factorial(dims_of(2), levels=1)
     with pytest.raises(UsageError, match="`2048` runs"):
         full_factorial(dims_of(11))
 
