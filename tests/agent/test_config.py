@@ -1,0 +1,50 @@
+"""The `[agent]` table of nightlab.toml."""
+
+from __future__ import annotations
+
+import pytest
+
+from nightlab.config import AgentConfig, parse_config
+from nightlab.errors import ConfigError
+
+BASE = {
+    "target": {"command": "python train.py", "editable": ["train.py"]},
+    "fleet": {"pool": [{"backend": "local", "tier": "cpu"}]},
+}
+
+
+def test_no_agent_table_means_the_defaults():
+    assert parse_config(dict(BASE)).agent == AgentConfig()
+
+
+def test_agent_table_is_parsed():
+    doc = {
+        **BASE,
+        "agent": {
+            "default": "codex",
+            "stall_seconds": 120,
+            "max_restarts_per_hour": 3,
+            "commands": {"claude": "claude -p --max-turns 200", "mine": "python bot.py"},
+        },
+    }
+    agent = parse_config(doc).agent
+    assert agent.default == "codex"
+    assert agent.stall_seconds == 120.0
+    assert agent.max_restarts_per_hour == 3
+    assert agent.commands == {"claude": "claude -p --max-turns 200", "mine": "python bot.py"}
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"stall": 3}, "unknown key `agent.stall`"),
+        ({"stall_seconds": 0}, "`agent.stall_seconds` must be positive"),
+        ({"max_restarts_per_hour": 0}, "at least 1"),
+        ({"commands": {"x": ""}}, "`agent.commands.x` must be a non-empty command line"),
+        ({"commands": "claude"}, "`agent.commands` must be"),
+        ({"default": 3}, "`agent.default` must be a string"),
+    ],
+)
+def test_bad_agent_tables_are_refused_with_the_key(table, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        parse_config({**BASE, "agent": table})
