@@ -213,3 +213,9 @@ def test_budget_does_not_move_the_data(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(cpu_data.parent))
     assert data_dir(get_profile("cpu", budget=600)) == cpu_data
+
+
+def test_parquet_without_text_column(tmp_path: Path):
+    pq.write_table(pa.table({"body": DOCS[:20]}), tmp_path / "x.parquet")
+    with pytest.raises(DataError, match="has no string column `text`; columns: body"):
+        prepare(tiny(f"local:{tmp_path / 'x.parquet'}"), data_dir=tmp_path / "d", progress=False)

@@ -63,39 +63,42 @@ _ENCODE_BATCH = 1024  # documents per tiktoken batch call
 
 
 class _RichReporter(Reporter):
-    """Progress on stderr with rich: download files and bytes, then one line per step."""
+    """Progress on stderr with rich: downloaded files and megabytes, then one line per step."""
 
     def __init__(self, progress: Any):
         self.progress = progress
-        self.task = None
-        self.mb = 0.0
+        self.download = None
+        self.mb: dict[Any, float] = {}
 
     def files(self, total: int) -> None:
-        self.task = self.progress.add_task("download", total=total, mb=0.0)
+        self.download = self.progress.add_task("download", total=total, mb=0.0)
+        self.mb[self.download] = 0.0
 
     def file_done(self, path: Path) -> None:
-        self.progress.advance(self.task)
+        self.progress.advance(self.download)
 
     def received(self, n: int) -> None:
-        self.mb += n / 1e6  # a race between download threads only blurs the display
-        self.progress.update(self.task, mb=self.mb)
+        self.mb[self.download] += n / 1e6  # a race between download threads only blurs the display
+        self.progress.update(self.download, mb=self.mb[self.download])
 
-    def step(self, name: str, total: int | None = None) -> Any:
-        return self.progress.add_task(name, total=total, mb=0.0)
+    def step(self, name: str) -> Any:
+        task = self.progress.add_task(name, total=None, mb=0.0)
+        self.mb[task] = 0.0
+        return task
 
+    def advance(self, step: Any, n: int = 1, *, text_bytes: int = 0) -> None:
+        self.mb[step] += text_bytes / 1e6
+        self.progress.update(step, advance=n, mb=self.mb[step])
 
-class _QuietReporter(Reporter):
-    def __init__(self) -> None:
-        self.progress = None
-
-    def step(self, name: str, total: int | None = None) -> None:
-        return None
+    def finish(self, step: Any) -> None:
+        done = next(t.completed for t in self.progress.tasks if t.id == step)
+        self.progress.update(step, total=done)
 
 
 @contextlib.contextmanager
-def _reporter(show: bool) -> Iterator[Any]:
+def _reporter(show: bool) -> Iterator[Reporter]:
     if not show:
-        yield _QuietReporter()
+        yield Reporter()
         return
     from rich.console import Console
     from rich.progress import (
@@ -119,17 +122,6 @@ def _reporter(show: bool) -> Iterator[Any]:
         yield _RichReporter(progress)
 
 
-def _advance(reporter: Any, task: Any, n: int = 1, **fields: Any) -> None:
-    if reporter.progress is not None:
-        reporter.progress.update(task, advance=n, **fields)
-
-
-def _finish(reporter: Any, task: Any) -> None:
-    if reporter.progress is not None:
-        done = next(t.completed for t in reporter.progress.tasks if t.id == task)
-        reporter.progress.update(task, total=done)
-
-
 # ---------------------------------------------------------------------------
 
 
@@ -139,7 +131,7 @@ def _batched(texts: Iterator[str], n: int) -> Iterator[list[str]]:
 
 
 def _tokenize_split(
-    tok: Any, texts: Iterator[str], out: Path, split: str, workers: int, reporter: Any
+    tok: Any, texts: Iterator[str], out: Path, split: str, workers: int, reporter: Reporter
 ) -> dict[str, Any]:
     """Tokenize one split into `<split>.tokens.bin` / `.offsets.bin`; returns its manifest entry."""
     dtype = np.dtype("<u2") if tok.vocab_size <= 1 << 16 else np.dtype("<u4")
@@ -156,13 +148,13 @@ def _tokenize_split(
             fo.write((n_tokens + np.cumsum(lengths)).astype("<i8").tobytes())
             n_docs += len(ids)
             n_tokens += int(lengths.sum())
-            text_mb = sum(len(t.encode("utf-8")) for t in batch)
-            n_bytes += text_mb
-            _advance(reporter, task, len(batch), mb=n_bytes / 1e6)
+            text_bytes = sum(len(t.encode("utf-8")) for t in batch)
+            n_bytes += text_bytes
+            reporter.advance(task, len(batch), text_bytes=text_bytes)
         for f in (ft, fo):
             f.flush()
             os.fsync(f.fileno())
-    _finish(reporter, task)
+    reporter.finish(task)
     if n_docs == 0:
         for p in (tok_tmp, off_tmp):
             p.unlink()
@@ -264,8 +256,8 @@ def prepare(
                 task = reporter.step("train tokenizer")
                 tok = train_tokenizer(corpus.train(), profile.vocab_size)
                 tok.save(out / TOKENIZER_NAME)
-                _advance(reporter, task)
-                _finish(reporter, task)
+                reporter.advance(task)
+                reporter.finish(task)
             if tok.vocab_size != profile.vocab_size:
                 raise DataError(
                     f"`{out / TOKENIZER_NAME}` has {tok.vocab_size} tokens, the profile wants "

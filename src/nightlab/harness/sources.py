@@ -51,7 +51,7 @@ class Corpus:
 
 
 class Reporter:
-    """What a source tells the progress display; this base class shows nothing (a null object)."""
+    """What `prepare` tells the progress display; this base class shows nothing (a null object)."""
 
     def files(self, total: int) -> None:
         """`total` files are about to be fetched."""
@@ -61,6 +61,15 @@ class Reporter:
 
     def received(self, n: int) -> None:
         """`n` more bytes arrived."""
+
+    def step(self, name: str) -> Any:
+        """A step of unknown length begins; returns its handle."""
+
+    def advance(self, step: Any, n: int = 1, *, text_bytes: int = 0) -> None:
+        """`n` more items (documents) of `step` are done, covering `text_bytes` more bytes."""
+
+    def finish(self, step: Any) -> None:
+        """`step` is complete."""
 
 
 def open_source(spec: str, downloads: Path, *, workers: int = 8, report: Reporter | None = None) -> Corpus:
@@ -103,11 +112,8 @@ def check_parquet(path: Path) -> None:
         schema = pq.ParquetFile(path).schema_arrow
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"`{path}` is not a valid parquet file (corrupt or truncated: {e})") from e
-    if (
-        "text" not in schema.names
-        or not pa.types.is_string(schema.field("text").type)
-        and not (pa.types.is_large_string(schema.field("text").type))
-    ):
+    kind = schema.field("text").type if "text" in schema.names else None
+    if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataError(f"`{path}` has no string column `text`; columns: {', '.join(schema.names)}")
 
 
