@@ -371,12 +371,15 @@ def val_batches(
     manifest = load_manifest(data_dir)
     split = open_split(data_dir, "val", manifest)
     n_rows = math.ceil(n_tokens / seq_len)
+    too_small = DataError(
+        f"the validation split in `{data_dir}` ({split.n_tokens} tokens) packs into fewer than the "
+        f"{n_rows} rows of {seq_len} tokens that {n_tokens} eval tokens need; use a larger dataset "
+        "or a profile with fewer eval tokens"
+    )
+    if split.n_tokens < n_rows * (seq_len + 1):  # fail before any batch when it cannot possibly fit
+        raise too_small
     packer = BestFitPacker(_cache_docs(split.tokens, split.offsets, None), seq_len + 1, DEFAULT_BUFFER_SIZE)
     try:
         yield from _batches(packer, batch_size, device, n_rows)
     except EOFError:
-        raise DataError(
-            f"the validation split in `{data_dir}` ({split.n_tokens} tokens) packs into fewer than the "
-            f"{n_rows} rows of {seq_len} tokens that {n_tokens} eval tokens need; use a larger dataset "
-            "or a profile with fewer eval tokens"
-        ) from None
+        raise too_small from None
