@@ -120,3 +120,40 @@ def test_model_compile_failure_falls_back_to_eager():
         module, compiled = forced.maybe_compile_model(model, probe)
     assert module is model and not compiled
     assert accel.maybe_compile_model(model, probe) == (model, False)  # compile off: the probe is not run
+
+
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_check.sh runs these)"
+)
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_detection_and_attention_backends_agree():
+    accel = detect()
+    major, _ = torch.cuda.get_device_capability()
+    assert accel.device == "cuda" and accel.compile_optimizer
+    assert accel.dtype == (torch.bfloat16 if major >= 8 or torch.version.hip else torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 512, 4, 128, device="cuda", generator=g) for _ in range(3))
+    expected = detect(attention="sdpa").attention(q.float(), k.float(), v.float(), -1).float()
+    for backend in ("sdpa", "fa3") if accel.attention_backend == "fa3" else ("sdpa",):
+        out = detect(attention=backend).attention(q, k, v, -1)
+        assert out.dtype == accel.dtype
+        torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_model_compile_and_peak_memory():
+    accel = detect(compile="on")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    x = torch.randn(8, 64, device="cuda")
+
+    def probe(m):
+        with accel.autocast():
+            m(x).float().sum().backward()
+
+    module, compiled = accel.maybe_compile_model(model, probe)
+    assert compiled and module is not model
+    assert accel.peak_memory_mb() > 0
