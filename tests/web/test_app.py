@@ -1,0 +1,250 @@
+"""The dashboard's JSON endpoints and pages against the CLI's `--json` on one ledger.
+
+Run: .venv/bin/python -m pytest -q tests/web/test_app.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+
+from nightlab.web.app import create_app
+
+TIME_DEPENDENT = ("elapsed", "remaining")
+
+
+def _strip_clock(state: dict) -> dict:
+    """status --json without the fields that change every second (elapsed / remaining)."""
+    state = dict(state)
+    state["running"] = [{k: v for k, v in r.items() if k not in TIME_DEPENDENT} for r in state["running"]]
+    return state
+
+
+def test_results_endpoint_is_the_cli_json(night_lab, client):
+    assert client.get("/api/results").json() == night_lab.cli_json("results")
+
+
+def test_status_endpoint_is_the_cli_json(night_lab, client):
+    assert _strip_clock(client.get("/api/status").json()) == _strip_clock(night_lab.cli_json("status"))
+
+
+def test_overview_figures_equal_the_cli(night_lab, client):
+    results = night_lab.cli_json("results")
+    status = night_lab.cli_json("status")
+    overview = client.get("/api/overview").json()
+    metric = results["metric"]
+    [tier] = overview["tiers"]
+    inc = results["incumbent"]["tiers"]["cpu"]
+    base = results["baseline"]["tiers"]["cpu"]
+    assert tier["incumbent"] == inc and tier["baseline"] == base
+    assert tier["improvement"] == pytest.approx(inc["mean"] - base["mean"])
+    assert tier["improvement"] < 0  # the adopted LR beats the baseline (lower is better)
+    rows = results["experiments"]
+    assert overview["counts"] == {
+        "done": sum(r["status"] == "finished" for r in rows),
+        "ok": sum(r["outcome"] == "ok" for r in rows),
+        "crashed": sum(r["status"] == "finished" and r["outcome"] not in ("ok", "invalid") for r in rows),
+        "invalid": sum(r["outcome"] == "invalid" for r in rows),
+        "running": sum(r["status"] == "running" for r in rows),
+        "queued": sum(r["status"] == "queued" for r in rows),
+        "cancelled": sum(r["status"] == "cancelled" for r in rows),
+    }
+    assert overview["counts"]["crashed"] == 1 and overview["counts"]["running"] == 2
+    assert overview["leaderboard"] == [r for r in rows if r[metric] is not None][:25]
+    assert overview["efficiency"] == status["efficiency"]
+    assert overview["incumbent_commit"] == results["incumbent"]["commit"]
+
+
+def test_fleet_efficiency_is_training_over_held_slot_time(night_lab, client):
+    """Recomputed from the events and the metrics, independently of `analysis.fleet_efficiency`."""
+    from nightlab.ledger import open_ledger
+
+    with open_ledger(night_lab.path) as ledger:
+        events = ledger.events(limit=100_000)
+        start = [e for e in events if e.kind == "controller-start"][-1]
+        stop = next(e for e in events if e.kind == "controller-stop" and e.id > start.id)
+        trained = sum(
+            e.metric("training_seconds")
+            for e in ledger.experiments()
+            if e.ok and start.ts <= e.finished_at <= stop.ts
+        )
+    eff = client.get("/api/overview").json()["efficiency"]
+    assert eff["slots"] == 2
+    assert eff["training_seconds"] == pytest.approx(trained)
+    assert eff["efficiency"] == pytest.approx(trained / (2 * (stop.ts - start.ts)))
+
+
+def test_progress_series_has_every_ok_run_and_a_running_best(night_lab, client):
+    results = night_lab.cli_json("results")
+    data = client.get("/api/progress").json()
+    ok = {r["id"]: r for r in results["experiments"] if r["val_bpb"] is not None}
+    assert {p["id"] for p in data["points"]} == set(ok)
+    assert [p["t"] for p in data["points"]] == sorted(p["t"] for p in data["points"])
+    for p in data["points"]:
+        assert p["y"] == ok[p["id"]]["val_bpb"]
+    kept = [p for p in data["points"] if p["kept"]]
+    assert {p["id"] for p in kept} >= {night_lab.ids["baseline"], night_lab.ids["better"]}
+    assert data["points"][-1]["best"] == min(p["y"] for p in kept)
+
+
+def test_fleet_rows_show_progress_and_live_loss(night_lab, client):
+    fleet = client.get("/api/fleet").json()
+    rows = {w["name"]: w for w in fleet["workers"]}
+    first, second = rows["cpu-0"], rows["cpu-1"]
+    assert first["experiment"]["id"] == night_lab.ids["running"] and first["state"] == "busy"
+    assert first["loss"] == 2.75 and first["progress"] == pytest.approx(0.425)
+    assert first["progress_source"] == "log"
+    assert second["loss"] == 4.25 and second["progress_source"] == "timeout"
+    assert 0 <= second["progress"] <= second["experiment"]["elapsed"] / fleet["budget_seconds"] + 1e-6
+    assert [q["id"] for q in fleet["queued"]] == [night_lab.ids["queued"]]
+
+
+def test_experiment_endpoint_matches_show(night_lab, client):
+    for role in ("better", "crash", "running"):
+        eid = night_lab.ids[role]
+        shown = night_lab.cli_json("show", eid, "--tail", "60")
+        page = client.get(f"/api/experiments/{eid}").json()
+        assert {k: page[k] for k in shown} == shown, role
+    crash = client.get(f"/api/experiments/{night_lab.ids['crash']}").json()
+    assert crash["outcome"].startswith("crash") and any(
+        "boom at step 3" in line for line in crash["log_tail"]
+    )
+    running = client.get(f"/api/experiments/{night_lab.ids['running']}").json()
+    assert running["live"]["loss"] == 2.75 and running["live"]["percent"] == 42.5
+
+
+def test_experiment_relatives(night_lab, client):
+    ids = night_lab.ids
+    better = client.get(f"/api/experiments/{ids['better']}").json()["related"]
+    assert better["parent"]["id"] == ids["baseline"]
+    assert [x["id"] for x in better["repeats"]] == [ids["repeat"]]
+    assert {ids[f"wave{i}"] for i in range(4)} <= {x["id"] for x in better["children"]}
+    wave_run = client.get(f"/api/experiments/{ids['wave0']}").json()["related"]
+    assert wave_run["parent"]["id"] == ids["better"] and wave_run["parent_on_branch"]
+    baseline = client.get(f"/api/experiments/{ids['baseline']}").json()["related"]
+    assert {ids["better"], ids["crash"], ids["xss"]} <= {x["id"] for x in baseline["children"]}
+
+
+def test_experiment_page_renders_diff_log_and_links(night_lab, client):
+    ids = night_lab.ids
+    html = client.get(f"/experiments/{ids['better']}").text
+    assert 'class="hl"' in html  # Pygments highlighted the diff
+    assert "LR = 0.02" in html
+    assert f'href="/experiments/{ids["baseline"]}"' in html  # parent
+    assert f'href="/experiments/{ids["repeat"]}"' in html  # repeat
+    crash = client.get(f"/experiments/{ids['crash']}").text
+    assert "boom at step 3" in crash
+
+
+def test_unknown_experiment_and_wave_are_404(client):
+    assert client.get("/api/experiments/e9999").status_code == 404
+    page = client.get("/experiments/e9999")
+    assert page.status_code == 404 and "unknown experiment" in page.text
+    assert client.get("/api/waves/w999").status_code == 404
+
+
+def test_wave_effects(night_lab, client):
+    wave = client.get(f"/api/waves/{night_lab.wave}").json()
+    assert wave["design"] == "full" and wave["counts"]["done"] == 4
+    fx = wave["effects"]
+    assert fx["factors"] == ["LR", "SLEEP"] and fx["n_runs"] == 4
+    by_lr: dict[str, list[float]] = {}
+    for r in wave["experiments"]:
+        by_lr.setdefault(r["params"]["LR"], []).append(r["val_bpb"])
+    expected = (sum(by_lr["0.04"]) / 2 - sum(by_lr["0.015"]) / 2) / 2  # half the high-low difference
+    terms = {t["term"]: t for t in fx["terms"]}
+    assert terms["LR"]["coefficient"] == pytest.approx(expected)
+    assert terms["SLEEP"]["coefficient"] == pytest.approx(0, abs=1e-9)  # SLEEP does not move the metric
+    page = client.get(f"/waves/{night_lab.wave}").text
+    assert 'id="effects-chart"' in page and "LR x SLEEP" in page
+    assert f'href="/waves/{night_lab.wave}"' in client.get("/waves").text
+
+
+def test_partial_fragment_and_version(client):
+    full = client.get("/")
+    version = full.headers["X-Nightlab-Version"]
+    fragment = client.get("/", params={"partial": 1})
+    assert (
+        fragment.status_code == 200 and "<html" not in fragment.text and 'id="leaderboard"' in fragment.text
+    )
+    assert client.get("/", params={"partial": 1, "since": version}).status_code == 204
+    assert client.get("/", params={"partial": 1, "since": "0-stale"}).status_code == 200
+    assert client.get("/fleet", params={"partial": 1}).status_code == 200
+
+
+def test_overview_page_shows_the_figures(night_lab, client):
+    results = night_lab.cli_json("results")
+    html = client.get("/").text
+    inc = results["incumbent"]["tiers"]["cpu"]
+    assert f"{inc['mean']:.6f}" in html
+    assert 'data-count="crashed">1<' in html and 'data-count="running">2<' in html
+    first = next(r for r in results["experiments"] if r["val_bpb"] is not None)
+    assert f'href="/experiments/{first["id"]}"' in html
+    assert 'id="progress-chart"' in html and "/static/uPlot.iife.min.js" in html
+
+
+def test_pages_load_nothing_from_other_hosts(client):
+    for path in ("/", "/fleet", "/waves", "/agent"):
+        html = client.get(path).text
+        assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), path
+    assert client.get("/static/uPlot.iife.min.js").status_code == 200
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert client.get(path).status_code == 404
+
+
+def test_read_only(night_lab, client):
+    from nightlab.errors import NightlabError
+    from nightlab.web._readonly import ReadOnlyLab
+
+    db = night_lab.path / ".nightlab" / "ledger.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    from fastapi.routing import APIRoute
+
+    routes = [r for r in client.app.routes if isinstance(r, APIRoute)]
+    assert all(r.methods <= {"GET", "HEAD"} for r in routes)
+    paths = [r.path for r in routes if "{" not in r.path] + ["/static/dashboard.js"]
+    paths += [f"/experiments/{night_lab.ids['better']}", f"/waves/{night_lab.wave}", "/api/experiments/e0001"]
+    for path in paths:
+        assert client.get(path).status_code < 400, path
+        for method in ("POST", "PUT", "PATCH", "DELETE"):
+            assert client.request(method, path).status_code in (404, 405), (method, path)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    with ReadOnlyLab(night_lab.path) as lab:
+        with pytest.raises(NightlabError, match="read-only"):
+            lab.ledger.set_verdict(night_lab.ids["better"], "discard")
+        with pytest.raises(NightlabError, match="readonly"):
+            lab.ledger._query("DELETE FROM events")  # past every method: SQLite refuses
+        assert lab.ledger.get(night_lab.ids["better"]).verdict == "keep"
+
+
+def test_token_is_required_on_every_request(night_lab):
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(night_lab.path, token="s3cret-token")) as c:
+        for path in ("/", "/api/overview", "/static/dashboard.js", f"/experiments/{night_lab.ids['better']}"):
+            assert c.get(path).status_code == 401, path
+        assert c.get("/api/overview", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/api/overview", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        opened = c.get("/", params={"token": "s3cret-token"})
+        assert opened.status_code == 200 and "HttpOnly" in opened.headers["set-cookie"]
+        assert c.get("/api/fleet").status_code == 200  # the cookie carries the token from now on
+        c.cookies.clear()
+        assert c.get("/api/fleet").status_code == 401
+
+
+def test_foreign_host_header_is_rejected(night_lab):
+    from fastapi.testclient import TestClient
+
+    app = create_app(night_lab.path, allowed_hosts=["127.0.0.1", "localhost"])
+    with TestClient(app, base_url="http://127.0.0.1:8350") as c:
+        assert c.get("/api/overview").status_code == 200
+        assert c.get("/api/overview", headers={"Host": "attacker.example"}).status_code == 400
+
+
+def test_not_a_lab_fails_at_start(tmp_path):
+    from nightlab.errors import NightlabError
+
+    with pytest.raises(NightlabError):
+        create_app(tmp_path)
