@@ -19,9 +19,11 @@ def stand_in(mode: str) -> str:
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(STAND_IN))} {mode}"
 
 
-@pytest.fixture
-def seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The folder where the stand-in writes the prompts and results it saw."""
+def seen_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder where the stand-in writes the prompts and results it saw.
+
+    A test module makes it its fixture with `seen = pytest.fixture(seen_dir)`.
+    """
     out = tmp_path / "seen"
     monkeypatch.setenv("STAND_IN_OUT", str(out))
     return out

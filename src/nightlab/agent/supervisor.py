@@ -437,7 +437,9 @@ class Supervisor:
                 self.state["updated_at"] = now
                 _write_state(self.lab_dir, self.state)
                 written = now
-            self._stop.wait(self.poll)
+            # returns as soon as the agent exits; a stop request waits at most one poll
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.poll)
 
     def _last_event_id(self, lab) -> int:
         cursor = 0
