@@ -105,7 +105,7 @@ def test_fingerprint_covers_what_decides_the_tokens():
     for change in (
         {"vocab_size": 2048},
         {"seq_len": 512},
-        {"eval_tokens": 2**15},
+        {"eval_tokens": 2**14},
         {"dataset": "tinystories"},
     ):
         assert fingerprint(dataclasses.replace(base, **change)) != fp, change
