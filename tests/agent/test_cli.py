@@ -1,0 +1,63 @@
+"""`nightlab agent run | status | stop` from the command line, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from agent_support import seen_dir, stand_in
+
+from conftest import nightlab
+
+seen = pytest.fixture(seen_dir)
+
+
+def status(lab) -> dict:
+    return json.loads(nightlab("agent", "status", "--json", cwd=lab).stdout)
+
+
+def test_run_in_the_foreground_until_a_limit(make_lab, seen):
+    lab = make_lab(slots=1)
+    proc = nightlab(
+        "agent", "run", "--agent", stand_in("dup"), "--max-experiments", "1", "--stall-seconds", "30", cwd=lab
+    )
+    assert proc.stdout == "max-experiments\n"
+    assert "session 1 started: custom" in proc.stderr and "supervisor stopped: max-experiments" in proc.stderr
+    text = nightlab("agent", "status", cwd=lab).stdout
+    assert "supervisor: stopped" in text and "stopped: max-experiments" in text
+    assert "experiments submitted: 1" in text and "max experiments 1" in text
+
+
+def test_background_status_and_stop(make_lab, seen):
+    lab = make_lab(slots=1)
+    assert "no agent supervisor has run" in nightlab("agent", "status", cwd=lab).stdout
+    assert "no agent supervisor was running" in nightlab("agent", "stop", cwd=lab).stderr
+    pid = int(nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab).stdout)
+    try:
+        deadline = time.time() + 20
+        while not (state := status(lab)).get("agent_pid") and time.time() < deadline:
+            time.sleep(0.1)
+        assert state["running"] and state["status"] == "running" and state["pid"] == pid
+        assert state["agent_alive"] and state["session"] == 1 and state["agent"] == "custom"
+        again = nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab, check=False)
+        assert again.returncode == 1 and f"already runs for this lab (pid {pid})" in again.stderr
+    finally:
+        stopped = nightlab("agent", "stop", cwd=lab)
+    assert f"agent supervisor (pid {pid}) stopped" in stopped.stderr
+    state = status(lab)
+    assert not state["running"] and state["status"] == "stopped" and state["stop_reason"] == "stopped"
+    agent_pid = json.loads((seen / "env-1.json").read_text())["pid"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(agent_pid, 0)
+
+
+def test_bad_agent_and_limits_are_usage_errors(make_lab):
+    lab = make_lab(slots=1)
+    proc = nightlab("agent", "run", "--agent", "nosuchagent", cwd=lab, check=False)
+    assert proc.returncode == 2 and "unknown agent `nosuchagent`" in proc.stderr
+    proc = nightlab(
+        "agent", "run", "--agent", stand_in("work"), "--max-experiments", "0", cwd=lab, check=False
+    )
+    assert proc.returncode == 2 and "--max-experiments" in proc.stderr
