@@ -106,3 +106,14 @@ def test_download_all_in_parallel(hub, tmp_path: Path):
     paths = download_all(jobs, workers=3, on_file=done.append)
     assert paths == [dest for _, dest in jobs] and sorted(done) == sorted(paths)
     assert all(p.read_bytes() == DATA[i * 1000 :] for i, p in enumerate(paths))
+
+
+def test_unknown_host_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import socket
+
+    def no_dns(*args, **kwargs):  # what an offline machine answers, without asking any DNS server
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with pytest.raises(DataError, match=r"cannot resolve the host .*--dataset demo"):
+        download("http://nightlab-test.invalid/x.bin", tmp_path / "x.bin", retries=5, backoff=10)

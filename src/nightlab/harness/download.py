@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -139,6 +140,10 @@ def download(
             except urllib.error.HTTPError as e:
                 if e.code == 404:
                     raise DataError(f"`{url}` does not exist on the server (HTTP 404)") from e
+                last = e
+            except urllib.error.URLError as e:
+                if isinstance(e.reason, socket.gaierror):  # no DNS: offline, waiting will not help
+                    raise DataError(f"cannot resolve the host of `{url}` ({e.reason}); {OFFLINE_HINT}") from e
                 last = e
             except (OSError, http.client.HTTPException, DataError) as e:
                 last = e
