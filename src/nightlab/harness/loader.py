@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BestFitPacker", "pack_reference", "train_batches", "val_batches"]
 
-DEFAULT_BUFFER_SIZE = 1000  # autoresearch's buffer: ~99.9% of tokens kept at 2049-token rows
+DEFAULT_BUFFER_SIZE = (
+    1000  # autoresearch's; at 2049-token rows 98.9% of web-length tokens are kept (99.8% of short)
+)
 PREFETCH_BATCHES = 4  # batches packed ahead of the consumer
 _CHUNK_DOCS = 8192  # documents whose offsets are fetched from the cache at once
 
