@@ -26,7 +26,9 @@ Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0")`,
 from __future__ import annotations
 
 import base64
+import os
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,7 +138,10 @@ def worker_yaml(lab_dir: Path) -> Path:
     path = lab_dir / WORKER_YAML_PATH
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(WORKER_YAML)
+        # launches run on several threads: the file must appear whole or not at all
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(WORKER_YAML)
+        os.replace(tmp, path)
     return path
 
 

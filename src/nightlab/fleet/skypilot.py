@@ -141,7 +141,7 @@ class SkyPilotBackend(BaseBackend):
             first attempt when not given.
         sdk: what the SDK calls go through; the `sky` module by default, a
             `nightlab.testing.fake_sky.FakeSky` in tests and benchmarks.
-        status_interval: seconds between job-status polls.
+        status_interval: seconds between job-status polls (default `STATUS_INTERVAL`).
         log_retries, retry_delay: log reading retries and the first backoff.
         relaunch_backoff: seconds before relaunching a cluster whose launch failed.
     """
@@ -154,17 +154,18 @@ class SkyPilotBackend(BaseBackend):
         *,
         lab_dir: Path | None = None,
         sdk: Any = None,
-        status_interval: float = STATUS_INTERVAL,
-        log_retries: int = LOG_RETRIES,
-        retry_delay: float = RETRY_DELAY,
-        relaunch_backoff: float = RELAUNCH_BACKOFF,
+        status_interval: float | None = None,
+        log_retries: int | None = None,
+        retry_delay: float | None = None,
+        relaunch_backoff: float | None = None,
     ) -> None:
         self.config = config
         self.sdk = sdk if sdk is not None else _sky()
-        self.status_interval = status_interval
-        self.log_retries = log_retries
-        self.retry_delay = retry_delay
-        self.relaunch_backoff = relaunch_backoff
+        # None reads the module's constant now, so a test or benchmark can rescale them
+        self.status_interval = STATUS_INTERVAL if status_interval is None else status_interval
+        self.log_retries = LOG_RETRIES if log_retries is None else log_retries
+        self.retry_delay = RETRY_DELAY if retry_delay is None else retry_delay
+        self.relaunch_backoff = RELAUNCH_BACKOFF if relaunch_backoff is None else relaunch_backoff
         self.pools = {
             slot.name: pool
             for pool in config.fleet.pools
@@ -178,6 +179,7 @@ class SkyPilotBackend(BaseBackend):
         self._pending_events: list[tuple[str, str, dict[str, Any]]] = []
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._on_change: Any = None
 
     # ------------------------------------------------------------------ BaseBackend
 
@@ -260,12 +262,12 @@ class SkyPilotBackend(BaseBackend):
         self._check_clusters(clusters)
         for c in clusters:
             with self._lock:
-                if c.state == "up" and not relaunch:
-                    self._notify(c)
-                    continue
-                c.state, c.retry_at = "launching", 0.0
+                launch = c.state != "up" or relaunch
+                if launch:
+                    c.state, c.retry_at = "launching", 0.0
             self._notify(c)
-            self._thread(self._launch_cluster, c)
+            if launch:
+                self._thread(self._launch_cluster, c)
         for c in clusters:
             with c.changed:
                 c.changed.wait_for(lambda c=c: c.state in ("up", "failed", "down") or self._stop.is_set())
@@ -366,7 +368,9 @@ class SkyPilotBackend(BaseBackend):
                     continue
                 c.state = "up" if up else "down"
                 if up and c.hourly_price is None:
-                    c.hourly_price = hourly_price(_field(record, "handle"), c.pool.options.get("hourly_price"))
+                    c.hourly_price = hourly_price(
+                        _field(record, "handle"), c.pool.options.get("hourly_price")
+                    )
             self._notify(c)
 
     def _launch_cluster(self, cluster: _Cluster) -> None:
@@ -423,27 +427,36 @@ class SkyPilotBackend(BaseBackend):
         with self._lock:
             cluster.state, cluster.detail = "failed", detail
             cluster.retry_at = time.time() + self.relaunch_backoff if retry else float("inf")
-        self._event("cluster-failed", cluster.worker, {"cluster": cluster.name, "detail": detail, "log": str(log_path)})
+        self._event(
+            "cluster-failed",
+            cluster.worker,
+            {"cluster": cluster.name, "detail": detail, "log": str(log_path)},
+        )
         log.warning("cluster %s: %s (log: %s)", cluster.name, detail, log_path)
         self._notify(cluster)
 
-    def _cluster_lost(self, cluster: _Cluster, detail: str) -> None:
-        """The cluster is no longer up: its runs end as `infra`; it relaunches when work needs it."""
+    def _cluster_down(self, cluster: _Cluster, detail: str) -> None:
+        """Record that a cluster we thought up is not (preempted, stopped by autostop, deleted)."""
         with self._lock:
-            if cluster.state == "up":
+            was_up = cluster.state == "up"
+            if was_up:
                 cluster.state = "down"
-                lost = True
-            else:
-                lost = False
-            runs = [r for r in self._runs.values() if r.cluster is cluster and r.ended is None]
-            for run in runs:
-                self._end(
-                    run,
-                    RunExit(None, lost=True, detail=f"cluster `{cluster.name}` is no longer up ({detail})"),
-                )
-        if lost:
+        if was_up:
             self._event("cluster-lost", cluster.worker, {"cluster": cluster.name, "detail": detail})
         self._notify(cluster)
+
+    def _cluster_lost(self, cluster: _Cluster, detail: str) -> None:
+        """The cluster is no longer up: its running jobs end as `infra`; it relaunches when work needs it."""
+        with self._lock:
+            for run in self._runs.values():
+                if run.cluster is cluster and run.state in ("running", "fetching"):
+                    self._end(
+                        run,
+                        RunExit(
+                            None, lost=True, detail=f"cluster `{cluster.name}` is no longer up ({detail})"
+                        ),
+                    )
+        self._cluster_down(cluster, detail)
 
     def _cluster_is_up(self, cluster: _Cluster) -> bool | None:
         try:
@@ -457,9 +470,8 @@ class SkyPilotBackend(BaseBackend):
     def _notify(self, cluster: _Cluster) -> None:
         with cluster.changed:
             cluster.changed.notify_all()
-        callback = getattr(self, "_on_change", None)
-        if callback is not None:
-            callback(cluster.worker, cluster.state, cluster.detail)
+        if self._on_change is not None:
+            self._on_change(cluster.worker, cluster.state, cluster.detail)
 
     def _view(self, cluster: _Cluster) -> dict[str, Any]:
         return {
@@ -475,32 +487,22 @@ class SkyPilotBackend(BaseBackend):
 
     def _submit(self, run: _Run, task: Any) -> None:
         cluster = run.cluster
-        with cluster.changed:
-            while True:
-                with self._lock:
-                    state, kill = cluster.state, run.kill_requested
-                    hopeless = state == "failed" and cluster.retry_at == float("inf")
-                if kill or self._stop.is_set():
-                    self._end(run, RunExit(None, detail="stopped before it started"))
+        for _ in range(2):  # a cluster found stopped (autostop) at exec time is relaunched once
+            if not self._wait_up(run):
+                return
+            try:
+                request = self.sdk.exec(task, cluster_name=cluster.name)
+                self._save(run, request_id=str(request))
+                job_id, _ = self.sdk.get(request)
+                break
+            except Exception as e:
+                if not _is_gone(e):
+                    detail = f"sky exec on `{cluster.name}` failed: {_one_line(e)}"
+                    self._end(run, RunExit(None, lost=True, detail=detail))
                     return
-                if state == "up":
-                    break
-                if hopeless:
-                    self._end(
-                        run, RunExit(None, lost=True, detail=f"cluster `{cluster.name}`: {cluster.detail}")
-                    )
-                    return
-                self._ensure(cluster)
-                cluster.changed.wait(timeout=1.0)
-        try:
-            request = self.sdk.exec(task, cluster_name=cluster.name)
-            self._save(run, request_id=str(request))
-            job_id, _ = self.sdk.get(request)
-        except Exception as e:
-            if _is_gone(e):
-                self._cluster_lost(cluster, _one_line(e))
-            else:
-                self._end(run, RunExit(None, lost=True, detail=f"sky exec on `{cluster.name}` failed: {_one_line(e)}"))
+                self._cluster_down(cluster, _one_line(e))
+        else:
+            self._end(run, RunExit(None, lost=True, detail=f"cluster `{cluster.name}` went down twice"))
             return
         with self._lock:
             run.job_id, run.state = int(job_id), "running"
@@ -508,6 +510,26 @@ class SkyPilotBackend(BaseBackend):
         self._save(run, job_id=int(job_id))
         if kill:
             self._cancel(run)
+
+    def _wait_up(self, run: _Run) -> bool:
+        """Wait until the run's cluster is up (launching it when needed); False ends the run."""
+        cluster = run.cluster
+        with cluster.changed:
+            while True:
+                with self._lock:
+                    state, kill = cluster.state, run.kill_requested
+                    hopeless = state == "failed" and cluster.retry_at == float("inf")
+                if kill or self._stop.is_set():
+                    self._end(run, RunExit(None, detail="stopped before it started"))
+                    return False
+                if state == "up":
+                    return True
+                if hopeless:
+                    detail = f"cluster `{cluster.name}`: {cluster.detail}"
+                    self._end(run, RunExit(None, lost=True, detail=detail))
+                    return False
+                self._ensure(cluster)
+                cluster.changed.wait(timeout=1.0)
 
     def _cancel(self, run: _Run) -> None:
         try:
@@ -541,11 +563,16 @@ class SkyPilotBackend(BaseBackend):
         try:
             jobs = self.sdk.get(self.sdk.queue(run.cluster.name, skip_finished=False))
         except Exception as e:
-            self._end(run, RunExit(None, lost=True, detail=f"cannot list jobs on `{run.cluster.name}`: {_one_line(e)}"))
+            self._end(
+                run,
+                RunExit(None, lost=True, detail=f"cannot list jobs on `{run.cluster.name}`: {_one_line(e)}"),
+            )
             return
         ids = [_field(j, "job_id") for j in jobs if _field(j, "job_name") == name]
         if not ids:
-            self._end(run, RunExit(None, lost=True, detail=f"no job `{name}` on cluster `{run.cluster.name}`"))
+            self._end(
+                run, RunExit(None, lost=True, detail=f"no job `{name}` on cluster `{run.cluster.name}`")
+            )
             return
         with self._lock:
             run.job_id, run.state = int(max(ids)), "running"
@@ -621,7 +648,9 @@ class SkyPilotBackend(BaseBackend):
                         self._cluster_lost(run.cluster, f"job {run.job_id} status {status}")
                         continue
                     if status is None:
-                        self._end(run, RunExit(None, lost=True, detail=f"job {run.job_id} not found on `{name}`"))
+                        self._end(
+                            run, RunExit(None, lost=True, detail=f"job {run.job_id} not found on `{name}`")
+                        )
                         continue
                 if status in _TERMINAL:
                     with self._lock:

@@ -1,0 +1,522 @@
+"""A fake of SkyPilot's SDK network calls, for tests and the fleet benchmark.
+
+It replaces only the calls that would reach an API server or a cloud (`launch`, `exec`,
+`get`, `stream_and_get`, `job_status`, `tail_logs`, `cancel`, `down`, `stop`, `status`,
+`queue`, `autostop`) and takes the real `sky.Task` / `sky.Resources` objects the backend
+builds. Requests run on threads, as on the API server, after latencies multiplied by
+`scale` (a 3-minute cluster launch is 0.18 s at `scale=0.001`).
+
+A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
+Python's environment (what set-up would have installed) and `bin/nvidia-smi` prints the
+GPU name of the cluster's accelerator. Jobs run for real: the task's `run` script under
+bash with the task's envs and HOME set to the cluster's directory, and every output line
+goes to the job log with SkyPilot's `(name, pid=N) ` prefix. So the backend's payload,
+run script, timeout, summary and exit status are all exercised end to end.
+
+Faults: `fail_setup(cluster)`, `no_capacity(cluster)`, `preempt(cluster)`,
+`preempt_job(name_part, after)`, `fail_logs(times)`. Autostop: a cluster with no running
+job for its `idle_minutes_to_autostop` (scaled) stops itself (or goes away with `down`).
+
+Usage::
+
+    fake = FakeSky(root=tmp_path / "clusters", scale=0.001)
+    fake.install(monkeypatch)          # sky.launch etc. now reach the fake
+    backend = SkyPilotBackend(config, lab_dir=lab, sdk=fake)   # or inject it directly
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import sky
+from sky import exceptions
+
+GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "A100": "NVIDIA A100-SXM4-80GB"}
+# Illustrative on-demand prices ($/h for one GPU); a real handle prices from SkyPilot's catalog.
+PRICES = {"H100": 2.99, "H200": 3.79, "A100": 1.79}
+SDK_CALLS = (
+    "launch",
+    "exec",
+    "get",
+    "stream_and_get",
+    "job_status",
+    "tail_logs",
+    "cancel",
+    "down",
+    "stop",
+    "status",
+    "queue",
+    "autostop",
+)
+
+
+@dataclass
+class _PricedResources:
+    """What a launched handle's `launched_resources` offers the cost code."""
+
+    accelerators: dict[str, int] | None
+    price: float
+
+    def get_cost(self, seconds: float) -> float:
+        return self.price * seconds / 3600
+
+
+@dataclass
+class FakeJob:
+    id: int
+    name: str
+    task: Any
+    status: Any = sky.JobStatus.PENDING
+    lines: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    submitted_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+
+
+@dataclass
+class FakeCluster:
+    name: str
+    home: Path
+    task: Any
+    accelerator: str | None
+    status: Any = sky.ClusterStatus.INIT
+    jobs: dict[int, FakeJob] = field(default_factory=dict)
+    autostop: int | None = None
+    autodown: bool = False
+    idle_since: float = field(default_factory=time.time)
+    handle: Any = None
+
+
+class FakeSky:
+    """Simulated clusters, job queues, logs, preemptions and slow set-ups (module docstring).
+
+    Args:
+        root: directory under which each fake cluster gets its home.
+        scale: multiplies every latency below (seconds of the real thing).
+        launch_seconds: provisioning time of a cluster.
+        setup_seconds: the set-up script's time.
+        exec_seconds: from `sky.exec` to the job being queued on the cluster.
+        request_seconds: the API server's answer time for the small calls.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        scale: float = 1.0,
+        launch_seconds: float = 180.0,
+        setup_seconds: float = 120.0,
+        exec_seconds: float = 5.0,
+        request_seconds: float = 0.5,
+    ) -> None:
+        self.root = Path(root)
+        self.scale = scale
+        self.launch_seconds = launch_seconds
+        self.setup_seconds = setup_seconds
+        self.exec_seconds = exec_seconds
+        self.request_seconds = request_seconds
+        self.clusters: dict[str, FakeCluster] = {}
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.tasks: list[tuple[str, str, Any]] = []  # (call, cluster, sky.Task) for inspection
+        self._lock = threading.RLock()
+        self._requests: dict[str, dict[str, Any]] = {}
+        self._ids = itertools.count(1)
+        self._setup_failures: set[str] = set()
+        self._capacity_failures: dict[str, int] = {}
+        self._log_failures = 0
+        self._preempt_jobs: list[tuple[str, float]] = []
+
+    # ------------------------------------------------------------------ wiring
+
+    def install(self, monkeypatch: Any) -> FakeSky:
+        """Replace the SDK's network calls on the `sky` module with this fake's."""
+        for name in SDK_CALLS:
+            monkeypatch.setattr(sky, name, getattr(self, name))
+        return self
+
+    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            self.calls.append((name, args, kwargs))
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_setup(self, cluster: str) -> None:
+        """The next launch of `cluster` ends with its set-up failing (job FAILED_SETUP)."""
+        self._setup_failures.add(cluster)
+
+    def no_capacity(self, cluster: str, times: int = 1) -> None:
+        """The next `times` launches of `cluster` raise ResourcesUnavailableError."""
+        self._capacity_failures[cluster] = times
+
+    def fail_logs(self, times: int) -> None:
+        """The next `times` `tail_logs` calls fail as if the API server were unreachable."""
+        with self._lock:
+            self._log_failures = times
+
+    def preempt_job(self, name_part: str, after: float = 0.0) -> None:
+        """Preempt the cluster of the first job whose name contains `name_part`, `after` s into it."""
+        self._preempt_jobs.append((name_part, after))
+
+    def preempt(self, cluster: str) -> None:
+        """The cloud takes the cluster back: its jobs die and it is no longer up."""
+        with self._lock:
+            c = self.clusters.pop(cluster, None)
+        if c is None:
+            return
+        for job in c.jobs.values():
+            self._kill(job)
+            if not job.status.is_terminal():
+                job.status = sky.JobStatus.FAILED_DRIVER
+
+    # ------------------------------------------------------------------ requests
+
+    def _submit(self, delay: float, work: Any) -> str:
+        rid = f"fake-request-{next(self._ids)}"
+        done = threading.Event()
+        entry: dict[str, Any] = {"done": done, "log": []}
+        with self._lock:
+            self._requests[rid] = entry
+
+        def run() -> None:
+            time.sleep(delay * self.scale)
+            try:
+                entry["result"] = work(entry["log"])
+            except BaseException as e:
+                entry["error"] = e
+            done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        return rid
+
+    def get(self, request_id: str) -> Any:
+        self._record("get", request_id)
+        entry = self._requests[request_id]
+        entry["done"].wait()
+        if "error" in entry:
+            raise entry["error"]
+        return entry.get("result")
+
+    def stream_and_get(
+        self,
+        request_id: str | None = None,
+        log_path: str | None = None,
+        tail: int | None = None,
+        follow: bool = True,
+        output_stream: Any = None,
+        relay_rich_status: bool = False,
+    ) -> Any:
+        self._record("stream_and_get", request_id)
+        entry = self._requests[request_id]
+        entry["done"].wait()
+        if output_stream is not None:
+            output_stream.write("".join(line + "\n" for line in entry["log"]))
+        if "error" in entry:
+            raise entry["error"]
+        return entry.get("result")
+
+    # ------------------------------------------------------------------ SDK calls
+
+    def launch(
+        self,
+        task: Any,
+        cluster_name: str | None = None,
+        retry_until_up: bool = False,
+        idle_minutes_to_autostop: int | None = None,
+        down: bool = False,
+        **kwargs: Any,
+    ) -> str:
+        if not isinstance(task, sky.Task):
+            raise TypeError(f"sky.launch takes a sky.Task, got {type(task).__name__}")
+        self._record("launch", cluster_name, idle_minutes_to_autostop=idle_minutes_to_autostop, down=down)
+        self.tasks.append(("launch", cluster_name, task))
+
+        def work(log: list[str]) -> Any:
+            log.append(f"Launching cluster {cluster_name}...")
+            if self._capacity_failures.get(cluster_name, 0) > 0:
+                self._capacity_failures[cluster_name] -= 1
+                raise exceptions.ResourcesUnavailableError(f"no capacity for {cluster_name}")
+            with self._lock:
+                c = self.clusters.get(cluster_name)
+                if c is None:
+                    c = self._new_cluster(cluster_name, task)
+                c.status = sky.ClusterStatus.UP
+                c.autostop, c.autodown, c.idle_since = idle_minutes_to_autostop, down, time.time()
+            log.append(f"Cluster {cluster_name} is up.")
+            job = self._add_job(c, task, setup=True)
+            return job.id, c.handle
+
+        return self._submit(self.launch_seconds, work)
+
+    def exec(self, task: Any, cluster_name: str | None = None, **kwargs: Any) -> str:
+        if not isinstance(task, sky.Task):
+            raise TypeError(f"sky.exec takes a sky.Task, got {type(task).__name__}")
+        self._record("exec", cluster_name, job=task.name)
+        self.tasks.append(("exec", cluster_name, task))
+
+        def work(log: list[str]) -> Any:
+            c = self._up(cluster_name)
+            job = self._add_job(c, task, setup=False)
+            return job.id, c.handle
+
+        return self._submit(self.exec_seconds, work)
+
+    def job_status(self, cluster_name: str, job_ids: list[int] | None = None) -> str:
+        self._record("job_status", cluster_name, job_ids)
+
+        def work(log: list[str]) -> Any:
+            c = self._up(cluster_name)
+            ids = job_ids if job_ids is not None else [max(c.jobs)] if c.jobs else []
+            return {i: (c.jobs[i].status if i in c.jobs else None) for i in ids}
+
+        return self._submit(self.request_seconds, work)
+
+    def tail_logs(
+        self,
+        cluster_name: str,
+        job_id: int | None,
+        follow: bool,
+        tail: int = 0,
+        output_stream: Any = None,
+        *,
+        preload_content: bool = True,
+    ) -> int:
+        self._record("tail_logs", cluster_name, job_id)
+        time.sleep(self.request_seconds * self.scale)
+        with self._lock:
+            if self._log_failures > 0:
+                self._log_failures -= 1
+                raise exceptions.ApiServerConnectionError("http://127.0.0.1:46580")
+        c = self._up(cluster_name)
+        job = c.jobs.get(job_id if job_id is not None else max(c.jobs))
+        if job is None:
+            return 102  # JobExitCode.NOT_FOUND
+        text = "├── Waiting for task resources on 1 node.\n└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)\n"
+        text += "".join(line + "\n" for line in list(job.lines))
+        if job.status.is_terminal():
+            text += f"✓ Job finished (status: {job.status.value}).\n"
+        (output_stream or sys.stdout).write(text)
+        return {sky.JobStatus.SUCCEEDED: 0, sky.JobStatus.CANCELLED: 103}.get(job.status, 100)
+
+    def cancel(
+        self,
+        cluster_name: str,
+        all: bool = False,
+        all_users: bool = False,
+        job_ids: list[int] | None = None,
+        **kwargs: Any,
+    ) -> str:  # noqa: A002 - SDK's name
+        self._record("cancel", cluster_name, job_ids)
+
+        def work(log: list[str]) -> None:
+            c = self._up(cluster_name)
+            for i in job_ids or []:
+                job = c.jobs.get(i)
+                if job is not None and not job.status.is_terminal():
+                    self._kill(job)
+                    job.status = sky.JobStatus.CANCELLED
+
+        return self._submit(self.request_seconds, work)
+
+    def down(self, cluster_name: str, purge: bool = False, **kwargs: Any) -> str:
+        self._record("down", cluster_name)
+
+        def work(log: list[str]) -> None:
+            with self._lock:
+                c = self.clusters.pop(cluster_name, None)
+            if c is None:
+                raise exceptions.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
+            for job in c.jobs.values():
+                self._kill(job)
+            shutil.rmtree(c.home, ignore_errors=True)
+
+        return self._submit(self.request_seconds, work)
+
+    def stop(self, cluster_name: str, purge: bool = False, **kwargs: Any) -> str:
+        self._record("stop", cluster_name)
+
+        def work(log: list[str]) -> None:
+            c = self._up(cluster_name)
+            for job in c.jobs.values():
+                self._kill(job)
+            c.status = sky.ClusterStatus.STOPPED
+
+        return self._submit(self.request_seconds, work)
+
+    def autostop(self, cluster_name: str, idle_minutes: int, down: bool = False, **kwargs: Any) -> str:
+        self._record("autostop", cluster_name, idle_minutes, down=down)
+
+        def work(log: list[str]) -> None:
+            c = self._up(cluster_name)
+            c.autostop, c.autodown = idle_minutes, down
+
+        return self._submit(self.request_seconds, work)
+
+    def status(
+        self,
+        cluster_names: list[str] | None = None,
+        refresh: Any = None,
+        all_users: bool = False,
+        **kwargs: Any,
+    ) -> str:
+        self._record("status", cluster_names)
+
+        def work(log: list[str]) -> Any:
+            self._autostop_sweep()
+            with self._lock:
+                found = [
+                    c for c in self.clusters.values() if cluster_names is None or c.name in cluster_names
+                ]
+                return [
+                    SimpleNamespace(
+                        name=c.name,
+                        status=c.status,
+                        handle=c.handle,
+                        autostop=c.autostop if c.autostop is not None else -1,
+                        to_down=c.autodown,
+                        resources_str=f"1x({c.accelerator or 'cpu'})",
+                    )
+                    for c in found
+                ]
+
+        return self._submit(self.request_seconds, work)
+
+    def queue(self, cluster_name: str, skip_finished: bool = False, all_users: bool = False) -> str:
+        self._record("queue", cluster_name)
+
+        def work(log: list[str]) -> Any:
+            c = self._up(cluster_name)
+            return [
+                SimpleNamespace(job_id=j.id, job_name=j.name, status=j.status, submitted_at=j.submitted_at)
+                for j in c.jobs.values()
+                if not (skip_finished and j.status.is_terminal())
+            ]
+
+        return self._submit(self.request_seconds, work)
+
+    # ------------------------------------------------------------------ simulation
+
+    def _new_cluster(self, name: str, task: Any) -> FakeCluster:
+        resources = next(iter(task.resources))
+        accel = next(iter(resources.accelerators)) if resources.accelerators else None
+        home = self.root / name
+        (home / "bin").mkdir(parents=True, exist_ok=True)
+        (home / "sky_workdir").mkdir(exist_ok=True)
+        venv = home / "nightlab-venv"
+        if not venv.exists():
+            venv.symlink_to(sys.prefix)
+        smi = home / "bin" / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho '{GPU_NAMES.get(accel or '', accel or 'none')}'\n")
+        smi.chmod(0o755)
+        handle = SimpleNamespace(
+            cluster_name=name,
+            launched_nodes=1,
+            launched_resources=_PricedResources(resources.accelerators, PRICES.get(accel or "", 0.0)),
+        )
+        c = FakeCluster(name=name, home=home, task=task, accelerator=accel, handle=handle)
+        self.clusters[name] = c
+        return c
+
+    def _up(self, name: str) -> FakeCluster:
+        self._autostop_sweep()
+        with self._lock:
+            c = self.clusters.get(name)
+        if c is None:
+            raise exceptions.ClusterDoesNotExist(f"Cluster {name!r} does not exist.")
+        if c.status != sky.ClusterStatus.UP:
+            raise exceptions.ClusterNotUpError(f"Cluster {name!r} is not up.", cluster_status=c.status)
+        return c
+
+    def _autostop_sweep(self) -> None:
+        now = time.time()
+        with self._lock:
+            for c in list(self.clusters.values()):
+                busy = any(not j.status.is_terminal() for j in c.jobs.values())
+                if busy:
+                    c.idle_since = now
+                    continue
+                if c.autostop is None or c.autostop < 0 or c.status != sky.ClusterStatus.UP:
+                    continue
+                if now - c.idle_since >= c.autostop * 60 * self.scale:
+                    if c.autodown:
+                        del self.clusters[c.name]
+                    else:
+                        c.status = sky.ClusterStatus.STOPPED
+
+    def _add_job(self, c: FakeCluster, task: Any, *, setup: bool) -> FakeJob:
+        with self._lock:
+            job = FakeJob(id=max(c.jobs, default=0) + 1, name=task.name or "task", task=task)
+            c.jobs[job.id] = job
+            c.idle_since = time.time()
+        threading.Thread(target=self._run_job, args=(c, job, setup), daemon=True).start()
+        return job
+
+    def _run_job(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
+        if setup:
+            job.status = sky.JobStatus.SETTING_UP
+            time.sleep(self.setup_seconds * self.scale)
+            if c.name in self._setup_failures:
+                self._setup_failures.discard(c.name)
+                job.lines.append("(setup pid=4242) ERROR: No matching distribution found for nightlab")
+                job.lines.append(f"ERROR: Job {job.id}'s setup failed with return code 1 (pid=4242).")
+                job.status = sky.JobStatus.FAILED_SETUP
+                job.ended_at = time.time()
+                return
+        if job.status.is_terminal():  # cancelled while pending
+            return
+        env = {
+            "PATH": f"{c.home / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(c.home),
+            "LANG": "C.UTF-8",
+            **{k: str(v) for k, v in (job.task.envs or {}).items()},
+        }
+        job.proc = subprocess.Popen(
+            ["bash", "-c", job.task.run or "true"],
+            cwd=c.home / "sky_workdir",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        job.status = sky.JobStatus.RUNNING
+        self._maybe_preempt(c, job)
+        prefix = f"({job.name}, pid={job.proc.pid}) "
+        for raw in job.proc.stdout:
+            job.lines.append(prefix + raw.decode(errors="replace").rstrip("\n"))
+        code = job.proc.wait()
+        with self._lock:
+            if not job.status.is_terminal():
+                job.status = sky.JobStatus.SUCCEEDED if code == 0 else sky.JobStatus.FAILED
+            job.ended_at = time.time()
+            c.idle_since = time.time()
+
+    def _maybe_preempt(self, c: FakeCluster, job: FakeJob) -> None:
+        with self._lock:
+            hit = next((p for p in self._preempt_jobs if p[0] in job.name), None)
+            if hit is None:
+                return
+            self._preempt_jobs.remove(hit)
+        timer = threading.Timer(hit[1], self.preempt, args=(c.name,))
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self, job: FakeJob) -> None:
+        if job.proc is not None and job.proc.poll() is None:
+            try:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -1,0 +1,433 @@
+"""The SkyPilot backend against a fake of the SDK's network calls (no cloud, no API server).
+
+The real `skypilot` package builds every `sky.Task` / `sky.Resources`; only `sky.launch`,
+`exec`, `get`, `job_status`, `tail_logs`, `cancel`, `down`, `status`, ... are replaced by
+`nightlab.testing.fake_sky.FakeSky`, whose jobs run the real run script under bash. Each
+failure mapping of the backend has a test; one wave runs through the real controller.
+Run: `pytest -q tests/fleet/test_skypilot_fleet.py` (about 30 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sky")
+
+from conftest import wait_until  # noqa: E402
+from nightlab.config import load_config  # noqa: E402
+from nightlab.fleet import skypilot  # noqa: E402
+from nightlab.fleet.backend import RunSpec  # noqa: E402
+from nightlab.lab import Lab  # noqa: E402
+from nightlab.ledger import ExperimentStatus, open_ledger  # noqa: E402
+from nightlab.testing.fake_sky import FakeSky  # noqa: E402
+
+SCALE = 0.001  # 3 min launch -> 0.18 s, 2 min setup -> 0.12 s, 5 s exec -> 5 ms
+
+POOLS = """
+[[fleet.pool]]
+backend = "skypilot"
+tier = "h100"
+accelerators = "H100:1"
+workers = 2
+infra = "k8s"
+
+[[fleet.pool]]
+backend = "skypilot"
+tier = "h200"
+accelerators = "H200:1"
+workers = 2
+autostop = 5
+"""
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(skypilot, "STATUS_INTERVAL", 0.02)
+    monkeypatch.setattr(skypilot, "RETRY_DELAY", 0.01)
+    monkeypatch.setattr(skypilot, "RELAUNCH_BACKOFF", 0.2)
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch, fast) -> FakeSky:
+    return FakeSky(tmp_path / "clusters", scale=SCALE).install(monkeypatch)
+
+
+@pytest.fixture
+def sky_lab(make_lab):
+    def make(timeout: float = 30, retries: int = 2) -> Path:
+        return make_lab(1, timeout=timeout, extra_pools=POOLS, retries=retries)
+
+    return make
+
+
+def submit(lab: Path, message: str, tier: str, **knobs: str) -> str:
+    with Lab.open(lab) as opened:
+        (exp,) = opened.submit(message, sets=knobs or None, tier=tier, start_controller=False)
+    return exp.id
+
+
+class ControllerThread:
+    """The real controller, in this process (so it sees the fake SDK), on a thread."""
+
+    def __init__(self, lab: Path) -> None:
+        self.lab = lab
+        self.controller = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from nightlab.fleet.controller import Controller, build_slots
+
+        try:
+            config = load_config(self.lab / "nightlab.toml")
+            slots, backends = build_slots(config)
+            with open_ledger(self.lab) as ledger:
+                self.controller = Controller(self.lab, config, ledger, slots=slots, backends=backends)
+                self.controller.run()
+        except BaseException as e:
+            self.error = e
+
+    def __enter__(self) -> ControllerThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wait_until(lambda: self.controller is not None or self.error, timeout=30)
+        if self.controller is not None:
+            self.controller.request_stop()
+        self.thread.join(30)
+        if self.error:
+            raise self.error
+
+
+def finished(lab: Path, ids: list[str], timeout: float = 40) -> dict[str, object]:
+    def done():
+        with open_ledger(lab) as ledger:
+            exps = {e.id: e for e in ledger.experiments(with_metrics=True)}
+        if all(exps[i].status == ExperimentStatus.FINISHED for i in ids):
+            return exps
+        return None
+
+    return wait_until(done, timeout=timeout)
+
+
+def attempts(lab: Path, eid: str):
+    with open_ledger(lab) as ledger:
+        return ledger.attempts(eid)
+
+
+def events(lab: Path, kind: str):
+    with open_ledger(lab) as ledger:
+        return [e for e in ledger.events(limit=100_000) if e.kind == kind]
+
+
+# ---------------------------------------------------------------------------- the wave
+
+
+def test_a_wave_on_four_clusters_of_two_tiers(sky_lab, fake):
+    lab = sky_lab(timeout=6)
+    ids = {
+        "ok1": submit(lab, "baseline h100", "h100"),
+        "preempted": submit(lab, "preempted once", "h100", SLEEP="1.5"),
+        "crash": submit(lab, "crashes", "h100", MODE='"crash"'),
+        "ok2": submit(lab, "baseline h200", "h200", LR="0.02"),
+        "timeout": submit(lab, "hangs", "h200", MODE='"hang"'),
+        "ok3": submit(lab, "lr 0.04 h200", "h200", LR="0.04"),
+    }
+    fake.preempt_job(ids["preempted"], after=0.3)
+    with ControllerThread(lab):
+        exps = finished(lab, list(ids.values()))
+    outcome = {k: exps[i].outcome for k, i in ids.items()}
+    assert outcome == {
+        "ok1": "ok",
+        "preempted": "ok",
+        "crash": "crash:exception",
+        "ok2": "ok",
+        "timeout": "timeout",
+        "ok3": "ok",
+    }
+    # every experiment ended exactly once; only the preempted one needed a second attempt
+    for key, eid in ids.items():
+        tries = attempts(lab, eid)
+        assert all(a.ended_at is not None for a in tries)
+        assert [a.failure for a in tries][:-1] == (["infra"] if key == "preempted" else [])
+    first, second = attempts(lab, ids["preempted"])
+    (lost,) = events(lab, "cluster-lost")
+    assert lost.worker == first.worker == "h100-k8s-1"  # the second h100 worker got the second lease
+    assert second.worker == "h100-k8s-0"  # requeued on another worker
+    # results carry the tier and the exact GPU name the run reported
+    assert exps[ids["ok1"]].metrics["gpu_name"] == "NVIDIA H100 80GB HBM3"
+    assert exps[ids["ok2"]].metrics["gpu_name"] == "NVIDIA H200"
+    assert exps[ids["ok3"]].metrics["tier"] == "h200"
+    assert exps[ids["ok2"]].metrics["val_bpb"] == pytest.approx(1.0)
+    assert "ValueError: boom at step 3" in exps[ids["crash"]].detail
+    # the hung job was cancelled on its cluster, and the lost cluster was relaunched
+    assert fake.count("cancel") >= 1
+    assert len(events(lab, "cluster-up")) >= 4
+    # parallel: the four clusters ran experiments at the same time
+    workers = {a.worker for eid in ids.values() for a in attempts(lab, eid)}
+    assert len(workers) == 4
+
+
+# ---------------------------------------------------------------------------- the tasks launched
+
+
+def test_launch_and_exec_get_real_tasks(sky_lab, fake):
+    import sky
+
+    lab = sky_lab()
+    eid = submit(lab, "one run", "h100")
+    with ControllerThread(lab):
+        exps = finished(lab, [eid])
+    assert exps[eid].outcome == "ok", exps[eid].detail
+    launches = [(c, t) for call, c, t in fake.tasks if call == "launch"]
+    execs = [(c, t) for call, c, t in fake.tasks if call == "exec"]
+    cluster, task = launches[0]
+    assert isinstance(task, sky.Task)
+    (res,) = task.resources
+    assert isinstance(res, sky.Resources)
+    assert res.accelerators == {"H100": 1}
+    assert res.infra.cloud == "Kubernetes"
+    assert task.workdir == str(lab.resolve())
+    assert "nightlab prepare" in task.setup and "pip install" in task.setup
+    assert task.envs["NIGHTLAB_TIER"] == "h100" and task.envs["NIGHTLAB_BUILTIN"] == "0"
+    (launch_call,) = [c for c in fake.calls if c[0] == "launch" and c[1][0] == cluster]
+    assert launch_call[2] == {"idle_minutes_to_autostop": 10, "down": True}  # k8s: autodown
+    exec_cluster, job = execs[0]
+    assert exec_cluster == cluster
+    (job_res,) = job.resources
+    assert job_res.accelerators == {"H100": 1}
+    assert job.name == f"nightlab-{eid}-a1"
+    assert job.envs["NIGHTLAB_EXPERIMENT"] == eid and job.envs["NIGHTLAB_PAYLOAD_CHUNKS"] == "1"
+    assert "NIGHTLAB_LAB" not in job.envs  # the run script points it at the cluster's lab copy
+    assert job.workdir is None  # the snapshot travels inside the job, never through the workdir
+    assert (lab / "fleet" / "skypilot.yaml").exists()
+
+
+# ---------------------------------------------------------------------------- failure mappings
+
+
+def _backend(lab: Path, fake: FakeSky, **kwargs) -> skypilot.SkyPilotBackend:
+    return skypilot.SkyPilotBackend(load_config(lab / "nightlab.toml"), lab_dir=lab, sdk=fake, **kwargs)
+
+
+def _spec(lab: Path, eid: str, timeout: float = 30) -> RunSpec:
+    with open_ledger(lab) as ledger:
+        exp = ledger.get(eid)
+    return RunSpec(
+        experiment_id=eid,
+        attempt=1,
+        snapshot=exp.snapshot,
+        command="python train.py",
+        env={"NIGHTLAB_EXPERIMENT": eid, "NIGHTLAB_SEED": "0", "NIGHTLAB_TIER": exp.tier},
+        timeout=timeout,
+        run_dir=lab / ".nightlab" / "runs" / eid / "attempt-1",
+        lab_dir=lab,
+    )
+
+
+def _slot(backend: skypilot.SkyPilotBackend, name: str):
+    pools = {p.tier: p for p in backend.config.fleet.pools if p.backend == "skypilot"}
+    return next(s for p in pools.values() for s in skypilot.skypilot_slots(p) if s.name == name)
+
+
+def _wait_exit(backend, slot, spec, handle, timeout=20):
+    return wait_until(lambda: backend.poll(slot, spec, handle), timeout=timeout)
+
+
+def test_setup_failure_takes_the_worker_out_and_charges_no_experiment(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-0")
+    fake.fail_setup(backend._cluster(slot.name).name)
+    states = {c["worker"]: c for c in backend.up()}
+    assert states["h100-k8s-0"]["state"] == "failed"
+    assert "set-up failed" in states["h100-k8s-0"]["detail"]
+    assert {w: c["state"] for w, c in states.items() if w != "h100-k8s-0"} == dict.fromkeys(
+        ["h100-k8s-1", "h200-sky-0", "h200-sky-1"], "up"
+    )
+    assert not backend.available(slot)  # not retried until `fleet up`
+    launch_log = lab / ".nightlab" / "fleet" / states["h100-k8s-0"]["cluster"] / "launch.log"
+    assert "setup failed with return code 1" in launch_log.read_text()
+    (failed,) = events(lab, "cluster-failed")
+    assert failed.worker == "h100-k8s-0"
+    # a lease that reaches the failed worker anyway ends as infra (requeued elsewhere)
+    eid = submit(lab, "unlucky", "h100")
+    spec = _spec(lab, eid)
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    assert ended.lost and "set-up failed" in ended.detail
+    backend.close()
+
+
+def test_job_failure_with_a_traceback_is_a_crash(sky_lab, fake):
+    from nightlab.fleet.runner import classify, read_tail
+
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h200-sky-0")
+    eid = submit(lab, "crash", "h200", MODE='"crash"')
+    spec = _spec(lab, eid)
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    assert ended.exit_code == 1 and not ended.lost
+    text = read_tail(spec.log_path)
+    assert "pid=" not in text and "Job finished" not in text  # SkyPilot's prefixes are gone
+    result = classify(ended.exit_code, text, metric="val_bpb", lost=ended.lost)
+    assert (result.outcome, result.detail) == ("crash:exception", "ValueError: boom at step 3")
+    backend.close()
+
+
+def test_preemption_is_infra_and_the_cluster_relaunches(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h200-sky-1")
+    eid = submit(lab, "long", "h200", SLEEP="5")
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    fake.preempt_job(eid, after=0.2)
+    ended = _wait_exit(backend, slot, spec, handle)
+    assert ended.lost and "no longer up" in ended.detail
+    assert not backend.available(slot)  # relaunching
+    wait_until(lambda: backend.available(slot), timeout=10)
+    assert [e.worker for e in events(lab, "cluster-lost")] == ["h200-sky-1"]
+    assert fake.count("launch") == 2
+    backend.close()
+
+
+def test_timeout_cancels_the_job(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    eid = submit(lab, "hang", "h100", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: backend._runs[f"{eid}/1"].state == "running", timeout=10)
+    backend.kill(slot, spec, handle)  # what the controller does at the deadline
+    ended = _wait_exit(backend, slot, spec, handle)
+    assert ended.exit_code is None and not ended.lost
+    (cancel,) = [c for c in fake.calls if c[0] == "cancel"]
+    assert cancel[1][1] == [backend._runs[f"{eid}/1"].job_id]
+    backend.close()
+
+
+def test_log_retrieval_is_retried_then_infra(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake, log_retries=3)
+    slot = _slot(backend, "h200-sky-0")
+    backend.up()
+    # two failures: the third try reads the log and the run is ok
+    eid = submit(lab, "flaky logs", "h200")
+    spec = _spec(lab, eid)
+    fake.fail_logs(2)
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    assert ended.exit_code == 0 and "val_bpb" in spec.log_path.read_text()
+    # three failures: given up, the attempt is infra
+    eid2 = submit(lab, "lost logs", "h200", LR="0.03")
+    spec2 = _spec(lab, eid2)
+    fake.fail_logs(3)
+    ended = _wait_exit(backend, slot, spec2, backend.launch(slot, spec2))
+    assert ended.lost and "could not be read after 3 tries" in ended.detail
+    backend.close()
+
+
+def test_no_capacity_is_retried_after_a_backoff(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-0")
+    fake.no_capacity(backend._cluster(slot.name).name)
+    assert not backend.available(slot)
+    wait_until(lambda: backend.available(slot), timeout=10)
+    (failed,) = events(lab, "cluster-failed")
+    assert "no capacity" in failed.data["detail"] and failed.worker == slot.name
+    assert fake.count("launch") == 2
+    backend.close()
+
+
+def test_a_restarted_controller_reattaches_by_saved_job_id(sky_lab, fake):
+    lab = sky_lab()
+    first = _backend(lab, fake)
+    slot = _slot(first, "h200-sky-0")
+    eid = submit(lab, "survives", "h200", SLEEP="0.6")
+    spec = _spec(lab, eid)
+    handle = first.launch(slot, spec)
+    wait_until(
+        lambda: (spec.run_dir / "sky.json").exists() and "job_id" in (spec.run_dir / "sky.json").read_text()
+    )
+    first.close()  # the controller dies; the job goes on
+    second = _backend(lab, fake)
+    ended = _wait_exit(second, slot, spec, handle)
+    assert ended.exit_code == 0
+    assert json.loads((spec.run_dir / "sky.json").read_text())["job_id"] == second._runs[f"{eid}/1"].job_id
+    second.close()
+
+
+def test_idle_clusters_stop_themselves_and_relaunch_on_demand(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    backend.up()
+    slot = _slot(backend, "h200-sky-0")
+    name = backend._cluster(slot.name).name
+
+    # autostop = 5 minutes for this pool: 0.3 s at this scale
+    def stopped():
+        fake.get(fake.status([name]))  # the fake applies autostop when asked, like a status refresh
+        return fake.clusters[name].status.value == "STOPPED"
+
+    wait_until(stopped, timeout=10)
+    eid = submit(lab, "after autostop", "h200")
+    spec = _spec(lab, eid)
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    assert ended.exit_code == 0
+    assert [c for c in fake.calls if c[0] == "launch" and c[1][0] == name][0][2][
+        "idle_minutes_to_autostop"
+    ] == 5
+    backend.close()
+
+
+def test_down_tears_down_every_cluster_of_the_lab(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    backend.up()
+    assert len(fake.clusters) == 4
+    downed = backend.down()
+    assert len(downed) == 4 and fake.clusters == {}
+    assert len(events(lab, "cluster-down")) == 4
+
+
+def test_missing_skypilot_names_the_extra(monkeypatch):
+    import builtins
+
+    from nightlab.errors import UsageError
+    from nightlab.fleet import sky_task
+
+    real_import = builtins.__import__
+
+    def no_sky(name, *args, **kwargs):
+        if name == "sky" or name.startswith("sky."):
+            raise ImportError("No module named 'sky'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sky)
+    with pytest.raises(UsageError, match=r"pip install 'nightlab\[skypilot\]'"):
+        sky_task._sky()
+
+
+def test_unknown_pool_key_is_refused():
+    from nightlab.config import PoolConfig
+    from nightlab.errors import UsageError
+
+    pool = PoolConfig(backend="skypilot", tier="h100", slots=1, options={"accelerator": "H100:1"})
+    with pytest.raises(UsageError, match="`accelerator`"):
+        skypilot.skypilot_slots(pool)
+
+
+def test_base_install_does_not_import_sky():
+    import subprocess
+    import sys
+
+    code = "import nightlab.cli, nightlab.fleet.controller, nightlab.fleet.costs, sys; print('sky' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
