@@ -24,6 +24,14 @@ from nightlab.harness.sources import open_source
 from nightlab.harness.tokenizer import Tokenizer
 
 DEMO_SHA256 = "61ee3c56bec014cc662b6c446de33bbbd23ff67a24cbc90f8ccc52649ff8e66b"
+# The cpu profile's prepared files: the same on every machine (rustbpe's merges do not depend
+# on thread count or process). A change here means rustbpe or tiktoken changed behaviour:
+# bump `profiles.TOKENIZER_VERSION` so old and new results stop sharing a fingerprint.
+CPU_CACHE_SHA256 = {
+    "tokenizer.tiktoken": "510f94f7dc7f9191849f13a34a0aee4faabb9f5747ae68bf941d0dafa2d0ed4a",
+    "train.tokens.bin": "a561850ff32d4b27dd23c87e29cf1e33c0a08ee09f1d6954f26ab677adfb6956",
+    "val.tokens.bin": "ccc6ae0b3816e11b89c85bb7b986b9a501696850dca6e670326661c5e6374d49",
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +43,11 @@ def test_bytes_are_pinned(docs: list[str]):
     blob = "\x00".join(docs).encode("utf-8")
     assert hashlib.sha256(blob).hexdigest() == DEMO_SHA256
     assert 2_000_000 < len(blob) < 10_000_000 and len(docs) == DEMO_DOCS
+
+
+def test_prepared_bytes_are_pinned(cpu_data: Path):
+    for name, digest in CPU_CACHE_SHA256.items():
+        assert hashlib.sha256((cpu_data / name).read_bytes()).hexdigest() == digest, name
 
 
 def test_document_structure(docs: list[str]):
