@@ -157,6 +157,8 @@ def test_wave_effects(night_lab, client):
     terms = {t["term"]: t for t in fx["terms"]}
     assert terms["LR"]["coefficient"] == pytest.approx(expected)
     assert terms["SLEEP"]["coefficient"] == pytest.approx(0, abs=1e-9)  # SLEEP does not move the metric
+    best_lr = min(by_lr, key=lambda lr: sum(by_lr[lr]))
+    assert fx["predicted_best_values"]["LR"] == best_lr
     page = client.get(f"/waves/{night_lab.wave}").text
     assert 'id="effects-chart"' in page and "LR x SLEEP" in page
     assert f'href="/waves/{night_lab.wave}"' in client.get("/waves").text

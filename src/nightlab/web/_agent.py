@@ -65,9 +65,11 @@ def agent_state(lab_dir: Path) -> dict[str, Any]:
     lines: list[str] = []
     if transcript is not None:
         text = read_tail(transcript, 256 * 1024).replace("\r\n", "\n").replace("\r", "\n")
-        lines = [line[:LINE_CHARS] for line in text.split("\n")][-TRANSCRIPT_LINES:]
-        while lines and not lines[-1].strip():
-            lines.pop()
+        lines = (
+            [line[:LINE_CHARS] for line in text.rstrip().split("\n")][-TRANSCRIPT_LINES:]
+            if text.strip()
+            else []
+        )
     pid = state.get("pid") if state else None
     alive = _pid_alive(pid)
     return {

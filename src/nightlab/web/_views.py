@@ -357,6 +357,10 @@ def wave_effects(lab: ReadOnlyLab, spec: dict[str, Any], exps: list[Experiment])
             "residual_dof": result.residual_dof,
             "r_squared": result.r_squared,
             "predicted_best": result.predicted_best,
+            "predicted_best_values": {
+                f: next((v for v, x in levels[f].items() if x == level), level)
+                for f, level in result.predicted_best.items()
+            },
             "predicted_metric": result.predicted_metric,
             "crashed": result.crashed,
             "pending": result.pending,

@@ -23,8 +23,14 @@
         if (version) url.searchParams.set("since", version);
         const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
         if (response.status === 200) {
-          // the fragment is rendered (and escaped) by the server's templates
+          // the fragment is rendered (and escaped) by the server's templates; elements marked
+          // data-keep (charts) stay as they are, in the place the new fragment gives them
+          const kept = Array.from(live.querySelectorAll("[data-keep][id]"));
           live.innerHTML = await response.text();
+          kept.forEach(function (el) {
+            const slot = document.getElementById(el.id);
+            if (slot && slot !== el) slot.replaceWith(el);
+          });
           const next = response.headers.get("X-Nightlab-Version") || "";
           if (next !== version) document.dispatchEvent(new CustomEvent("nightlab:changed"));
           version = next;
@@ -118,6 +124,7 @@
       scales: { x: { time: true } },
       axes: [{}, { label: data.metric + " (" + data.direction + " is better)", size: 70 }],
       cursor: { points: { show: false } },
+      legend: { live: false },
       plugins: [tooltipPlugin(data.points, data.metric)],
     };
     return [opts, columns];
@@ -180,6 +187,7 @@
         height: 300,
         series: series,
         scales: { x: { time: false, range: [-1.2, 1.2] } },
+        legend: { live: false },
         axes: [
           { values: function (u, ticks) { return ticks.map(function (v) { return v === -1 ? "low" : v === 1 ? "high" : ""; }); },
             splits: function () { return [-1, 1]; } },
