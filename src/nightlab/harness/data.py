@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,6 +56,9 @@ from nightlab.harness.profiles import (
 )
 from nightlab.harness.profiles import data_dir as default_data_dir
 from nightlab.harness.sources import Reporter, open_source
+
+if TYPE_CHECKING:
+    from nightlab.harness.tokenizer import Tokenizer
 
 __all__ = ["DataError", "DataMismatchError", "DataNotPreparedError", "load_manifest", "prepare"]
 
@@ -131,7 +134,7 @@ def _batched(texts: Iterator[str], n: int) -> Iterator[list[str]]:
 
 
 def _tokenize_split(
-    tok: Any, texts: Iterator[str], out: Path, split: str, workers: int, reporter: Reporter
+    tok: Tokenizer, texts: Iterator[str], out: Path, split: str, workers: int, reporter: Reporter
 ) -> dict[str, Any]:
     """Tokenize one split into `<split>.tokens.bin` / `.offsets.bin`; returns its manifest entry."""
     dtype = np.dtype("<u2") if tok.vocab_size <= 1 << 16 else np.dtype("<u4")

@@ -347,6 +347,8 @@ def train_batches(
     Raises:
         DataNotPreparedError / DataError: the data directory was not prepared or is damaged.
     """
+    if seed < 0:
+        raise ValueError(f"seed must be 0 or positive, got {seed}")
     split = open_split(Path(data_dir), "train")
     packer = BestFitPacker(_train_docs(split.tokens, split.offsets, seed), seq_len + 1, DEFAULT_BUFFER_SIZE)
     yield from _batches(packer, batch_size, device, None)
