@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +42,11 @@ from nightlab.harness.cache import (
     DataNotPreparedError,
     atomic_write_bytes,
     load_manifest,
+    open_split,
     split_paths,
 )
 from nightlab.harness.download import _file_lock
+from nightlab.harness.loader import DEFAULT_BUFFER_SIZE, BestFitPacker, _cache_docs
 from nightlab.harness.profiles import (
     DATA_FORMAT_VERSION,
     SPECIAL_TOKENS,
@@ -56,9 +58,7 @@ from nightlab.harness.profiles import (
 )
 from nightlab.harness.profiles import data_dir as default_data_dir
 from nightlab.harness.sources import Reporter, open_source
-
-if TYPE_CHECKING:
-    from nightlab.harness.tokenizer import Tokenizer
+from nightlab.harness.tokenizer import Tokenizer, read_ranks, train_tokenizer
 
 __all__ = ["DataError", "DataMismatchError", "DataNotPreparedError", "load_manifest", "prepare"]
 
@@ -169,9 +169,6 @@ def _tokenize_split(
 
 def _check_val_size(out: Path, manifest: dict[str, Any], profile: Profile) -> None:
     """Fail now, not in every run, when the validation split cannot fill the profile's eval rows."""
-    from nightlab.harness.cache import open_split
-    from nightlab.harness.loader import DEFAULT_BUFFER_SIZE, BestFitPacker, _cache_docs
-
     split = open_split(out, "val", manifest)
     need = math.ceil(profile.eval_tokens / profile.seq_len)
     packer = BestFitPacker(
@@ -250,8 +247,6 @@ def prepare(
         started = time.time()
         with _reporter(progress) as reporter:
             corpus = open_source(profile.dataset, out.parent / "downloads", workers=workers, report=reporter)
-
-            from nightlab.harness.tokenizer import Tokenizer, read_ranks, train_tokenizer
 
             if (out / TOKENIZER_NAME).exists():
                 tok = Tokenizer(read_ranks(out / TOKENIZER_NAME))
