@@ -47,7 +47,7 @@ def submit_lr(value):
     train = Path("train.py")
     train.write_text(re.sub(r"(?m)^LR = [0-9.e-]+", f"LR = {value}", train.read_text()))
     eid = nightlab("submit", "-m", f"lr {value}").stdout.split()[0]
-    subprocess.run(["git", "checkout", "--", "train.py"], check=True)
+    subprocess.run(["git", "checkout", "HEAD", "--", "train.py"], check=True)
     return eid
 
 

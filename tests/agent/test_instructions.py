@@ -21,7 +21,7 @@ def test_a_target_without_program_gets_nightlabs_program_md_and_the_skill(make_l
     program = (lab / "program.md").read_text()
     assert program.startswith("# nightlab: how to do research in this lab")
     assert "Your job: lower the metric `val_bpb`" in program
-    assert "editing `train.py`" in program and "git checkout -- train.py" in program
+    assert "editing `train.py`" in program and "git checkout HEAD -- train.py" in program
     assert "hard limit of 600 s" in program and "`cpu`" in program
     assert "{{" not in program and "}}" not in program
     for section in (

@@ -144,12 +144,12 @@ def _state(lab, budget: Budget) -> list[str]:
             out.append(
                 f"- uncommitted edits in {', '.join(dirty['editable'])} (left by an earlier session?): "
                 "read `git diff`, submit them if they are an idea not yet measured, then restore with "
-                f"`git checkout -- {' '.join(dirty['editable'])}`"
+                f"`git checkout HEAD -- {' '.join(dirty['editable'])}`"
             )
         if dirty["other"]:
             out.append(
                 f"- files outside the editable set were changed: {', '.join(dirty['other'])}. That breaks the "
-                f"rules: restore them with `git checkout -- {' '.join(dirty['other'])}`"
+                f"rules: restore them with `git checkout HEAD -- {' '.join(dirty['other'])}`"
             )
     return out
 

@@ -121,7 +121,7 @@ def status(as_json, lab_dir) -> None:
         alive = f"; its agent (pid {state['agent_pid']}) still runs" if state["agent_alive"] else ""
         click.echo(f"  the supervisor died without stopping{alive}")
     click.echo(
-        f"  running for {ago(state['started_at'])}; session {state['session']}, restarts {state['restarts_total']}"
+        f"  started {ago(state['started_at'])} ago; session {state['session']}, restarts {state['restarts_total']}"
     )
     if state["agent_pid"]:
         click.echo(f"  agent pid {state['agent_pid']}, last activity {ago(state['last_activity'])} ago")
