@@ -76,11 +76,19 @@ def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str
 
 
 def decide_tree(
-    ledger: Ledger, config: LabConfig, lab_dir: Path, tree: str, tier: str, *, extra: float | None = None
+    ledger: Ledger,
+    config: LabConfig,
+    lab_dir: Path,
+    tree: str,
+    tier: str,
+    *,
+    extra: float | None = None,
+    z: float | None = None,
 ):
     """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable.
 
-    `extra` is a result of `tree` that is not in the ledger yet (the run being recorded).
+    `extra` is a result of `tree` that is not in the ledger yet (the run being recorded);
+    `z` overrides `[search] z` (a wave's members use the z corrected for the wave's size).
     """
     from nightlab.search.decide import verdict
 
@@ -96,9 +104,23 @@ def decide_tree(
         candidate,
         incumbent,
         noise_sigma=sigma,
-        z=config.search.z,
+        z=config.search.z if z is None else z,
         lower_is_better=config.metric.lower_is_better,
     )
+
+
+def wave_z(ledger: Ledger, config: LabConfig, head_tree: str, wave: str | None) -> float:
+    """`[search] z`, raised for a wave's members by the Sidak correction for its candidate count.
+
+    A wave of m candidates is m comparisons against one incumbent: at an uncorrected z = 2 the
+    best of 8 null candidates is kept in 13 % of waves instead of 2.3 % (`search.decide`).
+    """
+    if wave is None:
+        return config.search.z
+    from nightlab.search.decide import adjusted_z
+
+    trees = {e.tree for e in ledger.experiments(wave=wave, with_metrics=False)} - {head_tree}
+    return adjusted_z(config.search.z, len(trees))
 
 
 def verdict_for(
@@ -117,7 +139,9 @@ def verdict_for(
         # the incumbent's own runs: kept if it came from an adoption, else the starting point
         adopted = any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree, with_metrics=False))
         return "keep" if adopted else "baseline"
-    decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier, extra=value)
+    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    z = wave_z(ledger, config, head_tree, exp.wave)
+    decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier, extra=value, z=z)
     return decision.verdict if decision is not None else None
 
 

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import click
+
+from nightlab.cli._common import emit_json, json_option, say, with_lab
+
+
+@click.command("search")
+@click.option(
+    "--strategy",
+    type=click.Choice(["factorial", "optuna", "greedy"]),
+    required=True,
+    help="factorial designs around the incumbent, Optuna batches, or the greedy one-knob hill climb.",
+)
+@click.option(
+    "--space", "spaces", multiple=True, required=True, metavar="SPEC", help="A search space (repeatable)."
+)
+@click.option(
+    "--waves", type=click.IntRange(min=1), default=None, help="Total waves of this search (resumes count)."
+)
+@click.option(
+    "--hours", type=click.FloatRange(min=0, min_open=True), default=None, help="Start no wave after H hours."
+)
+@click.option(
+    "--wave-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Proposals per wave (default: 1 for greedy, else the tier's slots).",
+)
+@click.option(
+    "--tier", default=None, help="Validation tier: winners are judged here (default: fleet.default_tier)."
+)
+@click.option(
+    "--screen-tier", default=None, help="Run each wave on this cheaper tier first, promote the top k."
+)
+@click.option(
+    "--top", "top_k", type=click.IntRange(min=1), default=None, help="k promoted per wave from the screen."
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Runs per promoted candidate."
+)
+@click.option(
+    "--sampler", type=click.Choice(["tpe", "gp"]), default="tpe", show_default=True, help="Optuna sampler."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the strategy.")
+@json_option
+@with_lab
+def command(
+    lab, strategy, spaces, waves, hours, wave_size, tier, screen_tier, top_k, repeats, sampler, seed, as_json
+):
+    """Automatic research loop: propose a wave, run it, adopt a significant winner, repeat.
+
+    Each wave is centred on the current incumbent; only a winner that beats it on the
+    validation tier by more than the noise (z corrected for the wave's size) is adopted.
+    Runs in the foreground and prints one line per wave; Ctrl-C stops it, and the same
+    command resumes from the ledger.
+
+    \b
+    Example:
+      nightlab search --strategy factorial --space 'MATRIX_LR=log(0.01,0.08)' \\
+          --space 'WARMUP_RATIO=uniform(0,0.2)' --waves 5
+    """
+    from nightlab.research import run_search
+
+    metric = lab.config.metric.name
+    lines = []
+
+    def on_wave(summary) -> None:
+        if as_json:
+            lines.append(summary)
+        else:
+            click.echo(summary.line(metric))
+
+    result = run_search(
+        lab,
+        strategy=strategy,
+        spaces=spaces,
+        waves=waves,
+        hours=hours,
+        wave_size=wave_size,
+        tier=tier,
+        screen_tier=screen_tier,
+        top_k=top_k,
+        repeats=repeats,
+        sampler=sampler,
+        seed=seed,
+        on_wave=on_wave,
+        note=say,
+    )
+    if as_json:
+        emit_json(
+            {
+                "stopped": result.stopped,
+                "incumbent": result.incumbent,
+                "waves": [
+                    {
+                        "wave": s.wave_id,
+                        "index": s.index,
+                        "proposed": s.proposed,
+                        "finished": s.finished,
+                        "crashed": s.crashed,
+                        "best": None if s.best is None else {"id": s.best.id, metric: s.best.value},
+                        "adopted": None if s.adopted is None else s.adopted.id,
+                        "verdict": s.verdict,
+                    }
+                    for s in lines
+                ],
+            }
+        )
+        return
+    why = {"waves": "wave budget spent", "deadline": "time budget spent", "converged": "nothing left to try"}
+    say(
+        f"search stopped ({why[result.stopped]}); incumbent "
+        + " ".join(f"{k}={v}" for k, v in result.incumbent.items())
+    )

@@ -1,0 +1,359 @@
+"""The automatic research loop on a lab (`nightlab search`): strategies wired to the ledger and fleet.
+
+`search.strategies.run_loop` is the loop as pure logic; this module supplies its callables:
+
+- submit: a wave of proposals around the incumbent (`waves.submit_wave`), on the screening tier
+  when there is one, else on the validation tier;
+- wait: block until the wave's runs end; with a screening tier, promote the candidates that
+  beat the incumbent there (top k by mean) to the validation tier with repeats, and wait again;
+- decide: `search.decide.best_of_wave` on the validation tier, with that tier's noise floor and
+  z corrected for the number of candidates; only a `keep` is adopted;
+- adopt: `Lab.adopt`, then the winner's runs carry the verdict `keep`.
+
+Before the first wave the noise floor of the validation tier is measured when there is none
+(`noise_repeats` runs of the incumbent): without it a single run cannot be judged.
+
+Resuming: every wave the loop submits carries `spec["search"]` with the search's identity
+(strategy, spaces, tiers), its index, and once judged the verdict and the adopted run. Running the
+same command again rebuilds the history from those waves, waits for a wave that was submitted
+but not judged, completes an adoption that was decided but not done, and goes on; `--waves N`
+counts the waves of earlier runs, `--hours H` starts from now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nightlab.errors import UsageError
+from nightlab.ledger import Experiment, ExperimentStatus, Wave
+from nightlab.waves import head_knobs, noise, parse_spaces, promote, submit_wave, wave_points
+
+__all__ = ["SearchPlan", "run_search", "tier_slots"]
+
+
+def tier_slots(lab: Any, tier: str) -> int:
+    """How many experiments the lab's pools of `tier` run at once."""
+    return sum(len(p.gpus) if p.gpus else p.slots for p in lab.config.fleet.pools if p.tier == tier)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What a `nightlab search` was asked for, resolved (tiers checked, sizes chosen).
+
+    Attributes:
+        strategy: `factorial`, `optuna` or `greedy`.
+        spaces: canonical space specs (`Dimension.spec()`).
+        tier: the validation tier, where winners are judged and adopted.
+        screen_tier: a cheaper tier each wave runs on first, or None.
+        wave_size: proposals per wave.
+        top_k: candidates promoted from the screen per wave.
+        repeats: runs of each promoted candidate on the validation tier.
+    """
+
+    strategy: str
+    spaces: tuple[str, ...]
+    tier: str
+    screen_tier: str | None
+    wave_size: int
+    top_k: int
+    repeats: int
+
+    def key(self) -> dict[str, Any]:
+        """The identity a resumed search is matched on (sizes may change between runs)."""
+        return {
+            "strategy": self.strategy,
+            "spaces": list(self.spaces),
+            "tier": self.tier,
+            "screen_tier": self.screen_tier,
+        }
+
+
+def _ok_values(exps: Sequence[Experiment], metric: str) -> list[float]:
+    return [v for e in exps if e.ok and (v := e.metric(metric)) is not None]
+
+
+class _LabLoop:
+    """The callables `run_loop` needs, bound to one lab and one search plan."""
+
+    def __init__(
+        self, lab: Any, plan: SearchPlan, dims: Sequence[Any], *, poll: float, note: Callable[[str], None]
+    ):
+        self.lab, self.plan, self.dims, self.poll, self.note = lab, plan, dims, poll, note
+        self.metric = lab.config.metric.name
+        self.names = [d.name for d in dims]
+
+    # --- the ledger view of this search
+
+    def waves(self) -> list[Wave]:
+        key = self.plan.key()
+        return [w for w in self.lab.ledger.waves() if w.spec.get("search", {}).get("key") == key]
+
+    def observations(self, wave_id: str, index: int, adopted: str | None = None) -> list[Any]:
+        from nightlab.search.strategies import Observation
+
+        out = []
+        for e, params in wave_points(self.lab, self.lab.ledger.wave(wave_id)):
+            if e.status != ExperimentStatus.FINISHED:
+                continue
+            knobs = {k: v for k, v in params.items() if k in self.names}
+            value = e.metric(self.metric) if e.ok else None
+            out.append(Observation(e.id, knobs, value, index, e.id == adopted))
+        return out
+
+    def replay(self) -> tuple[list[Any], int, str | None]:
+        """(history, waves judged, id of a wave submitted but not judged) from the ledger."""
+        history: list[Any] = []
+        done, pending = 0, None
+        for w in self.waves():
+            state = w.spec["search"]
+            if state.get("judged"):
+                history += self.observations(w.id, state["index"], state.get("adopted"))
+                done += 1
+            else:
+                pending = w.id
+        return history, done, pending
+
+    def finish_adoption(self) -> None:
+        """Complete an adoption that was decided before an interruption but not carried out."""
+        for w in self.waves():
+            adopted = w.spec["search"].get("adopted")
+            if adopted and self.lab.ledger.get(adopted).adopted_at is None:
+                self.note(f"completing the adoption of {adopted} decided in {w.id}")
+                self.adopt_id(adopted)
+
+    def set_state(self, wave_id: str, **state: Any) -> None:
+        spec = self.lab.ledger.wave(wave_id).spec
+        spec["search"] = {**spec["search"], **state}
+        self.lab.ledger.update_wave_spec(wave_id, spec)
+
+    # --- the loop's callables
+
+    def ensure_noise_floor(self) -> None:
+        from nightlab.analysis import noise_sigma
+
+        sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
+        if sigma is not None:
+            return
+        n = 3
+        self.note(f"no noise floor on tier {self.plan.tier}: running the incumbent {n} times first")
+        wave = noise(self.lab, repeats=n, tier=self.plan.tier)
+        self.wait_ids([e.id for e in wave.experiments])
+        sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
+        self.note(
+            f"noise floor on {self.plan.tier}: "
+            + ("unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}")
+        )
+
+    def wait_ids(self, ids: list[str]) -> list[Experiment]:
+        if any(not e.status.is_finished() for e in self.lab.ledger.experiments(ids=ids, with_metrics=False)):
+            from nightlab.fleet.daemon import ensure_running
+
+            ensure_running(self.lab.path)  # a resumed search may find the controller gone idle
+        return self.lab.wait(ids, poll=self.poll)
+
+    def submit(self, proposals: list[dict[str, str]], index: int) -> str:
+        plan = self.plan
+        wave = submit_wave(
+            self.lab,
+            proposals,
+            design=f"search:{plan.strategy}",
+            description=f"search {plan.strategy} wave {index + 1}",
+            tier=plan.screen_tier or plan.tier,
+            spec={
+                "spaces": list(plan.spaces),
+                "search": {"key": plan.key(), "index": index, "judged": False},
+            },
+            source="search",
+        )
+        return wave.wave.id
+
+    def wait(self, wave_id: str) -> list[Any]:
+        wave = self.lab.ledger.wave(wave_id)
+        members = self.lab.ledger.experiments(wave=wave_id, with_metrics=False)
+        reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
+        self.wait_ids([e.id for e in members] + reused)
+        state = wave.spec["search"]
+        if self.plan.screen_tier is not None:
+            promotion = state.get("promotion") or self.promote(wave_id)
+            if promotion:
+                self.wait_ids([e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)])
+        return self.observations(wave_id, state["index"])
+
+    def promote(self, wave_id: str) -> str | None:
+        """Promote the screened wave's top k candidates that beat the incumbent's screen figure."""
+        from nightlab.search.decide import promote as pick
+
+        lab, plan = self.lab, self.plan
+        head_tree = lab.head_tree()
+        by_tree: dict[str, list[Experiment]] = {}
+        for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
+            if e.ok and e.tree != head_tree:
+                by_tree.setdefault(e.tree, []).append(e)
+        incumbent = _ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.screen_tier), self.metric)
+        sign = 1 if lab.config.metric.lower_is_better else -1
+        means = {}
+        for exps in by_tree.values():
+            values = _ok_values(exps, self.metric)
+            mean = sum(values) / len(values)
+            if not incumbent or sign * mean < sign * (sum(incumbent) / len(incumbent)):
+                means[exps[0].id] = mean
+        if not means:
+            self.set_state(wave_id, promotion=None, screened="no candidate beat the incumbent on the screen")
+            return None
+        chosen = pick(means, plan.top_k, lower_is_better=lab.config.metric.lower_is_better)
+        wave = promote(
+            lab,
+            chosen,
+            tier=plan.tier,
+            repeats=plan.repeats,
+            description=f"promote top {len(chosen)} of {wave_id} to {plan.tier}",
+            screen={i: means[i] for i in chosen},
+        )
+        self.set_state(wave_id, promotion=wave.wave.id)
+        return wave.wave.id
+
+    def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
+        from nightlab.analysis import noise_sigma
+        from nightlab.search.decide import best_of_wave
+
+        lab, plan = self.lab, self.plan
+        head_tree = lab.head_tree()
+        source_wave = (
+            lab.ledger.wave(wave_id).spec["search"].get("promotion") if plan.screen_tier else wave_id
+        )
+        by_obs = {o.id: o for o in observations}
+        trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
+        for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
+            if e.id in by_obs and e.tree != head_tree:
+                trees.setdefault(e.tree, e.id)
+        candidates: dict[str, list[float]] = {}
+        if source_wave:
+            judged = {e.tree for e in lab.ledger.experiments(wave=source_wave, with_metrics=False)}
+            for tree, rep in trees.items():
+                if tree in judged:
+                    candidates[rep] = _ok_values(
+                        lab.ledger.experiments(tree=tree, tier=plan.tier), self.metric
+                    )
+        incumbent = _ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
+        picked = None
+        if incumbent:
+            sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier)
+            picked = best_of_wave(
+                candidates,
+                incumbent,
+                noise_sigma=sigma,
+                z=lab.config.search.z,
+                lower_is_better=lab.config.metric.lower_is_better,
+            )
+        if picked is None:
+            verdict = "no candidate" if incumbent else "incumbent unmeasured"
+            self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
+            return None, verdict
+        rep, decision = picked
+        adopted = rep if decision.verdict == "keep" else None
+        self.set_state(wave_id, judged=True, adopted=adopted, verdict=decision.verdict)
+        return (by_obs[rep] if adopted else None), decision.verdict
+
+    def adopt(self, observation: Any) -> None:
+        self.adopt_id(observation.id)
+
+    def adopt_id(self, experiment_id: str) -> None:
+        lab = self.lab
+        exp = lab.ledger.get(experiment_id)
+        # The loop's own decision (best of the wave, corrected z) is the authority here: the stored
+        # verdict of a screen run or of a run recorded before the incumbent's figure may differ.
+        lab.adopt(experiment_id, force=True)
+        for e in lab.ledger.experiments(tree=exp.tree, tier=self.plan.tier, with_metrics=False):
+            if e.ok:
+                lab.ledger.set_verdict(e.id, "keep")
+
+
+def run_search(
+    lab: Any,
+    *,
+    strategy: str,
+    spaces: Sequence[str],
+    waves: int | None = None,
+    hours: float | None = None,
+    wave_size: int | None = None,
+    tier: str | None = None,
+    screen_tier: str | None = None,
+    top_k: int | None = None,
+    repeats: int = 2,
+    sampler: str = "tpe",
+    seed: int = 0,
+    poll: float = 0.2,
+    on_wave: Callable[[Any], None] | None = None,
+    note: Callable[[str], None] = lambda _: None,
+) -> Any:
+    """`nightlab search`: run (or resume) the automatic research loop in the foreground.
+
+    Args:
+        strategy: `factorial`, `optuna` or `greedy`.
+        spaces: `NAME=...` search spaces over knobs of the incumbent.
+        waves: total waves of this search, earlier runs of the same search included.
+        hours: stop starting new waves after this many hours from now.
+        wave_size: proposals per wave (default: 1 for greedy, else the slots of the wave's tier).
+        tier: the validation tier (default: fleet.default_tier).
+        screen_tier: run each wave here first and promote the best `top_k` to `tier`.
+        top_k: candidates promoted per wave (default `[search] promote_top_k`).
+        repeats: runs of each promoted candidate on `tier`.
+        sampler: `tpe` or `gp` for the optuna strategy.
+        on_wave: called with each wave's `WaveSummary`.
+        note: receives progress lines for people (noise floor, resumed waves).
+
+    Returns:
+        The `search.strategies.LoopResult`.
+
+    Raises:
+        UsageError: no budget, a bad space, strategy or tier (the existing tiers are named).
+    """
+    from nightlab.search.strategies import make_strategy, run_loop
+
+    if waves is None and hours is None:
+        raise UsageError("the search needs a budget: give --waves N or --hours H")
+    dims = parse_spaces(lab, spaces)
+    tier = lab.check_tier(tier or lab.config.fleet.default_tier)
+    if screen_tier is not None:
+        lab.check_tier(screen_tier)
+        if screen_tier == tier:
+            raise UsageError(f"the screening tier `{screen_tier}` is the validation tier; name a cheaper one")
+    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better, "seed": seed}
+    if strategy == "optuna":
+        options["sampler"] = sampler
+    search = make_strategy(strategy, dims, **options)
+    size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
+    plan = SearchPlan(
+        strategy=strategy,
+        spaces=tuple(d.spec() for d in dims),
+        tier=tier,
+        screen_tier=screen_tier,
+        wave_size=size,
+        top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
+        repeats=repeats,
+    )
+    loop = _LabLoop(lab, plan, dims, poll=poll, note=note)
+    loop.finish_adoption()
+    history, done, pending = loop.replay()
+    if done or pending:
+        note(f"resuming: {done} waves judged" + (f", waiting for {pending}" if pending else ""))
+    loop.ensure_noise_floor()
+    knobs = head_knobs(lab)
+    return run_loop(
+        search,
+        incumbent={d.name: knobs[d.name].source for d in dims},
+        wave_size=size,
+        submit_wave=loop.submit,
+        wait_wave=loop.wait,
+        decide=loop.decide,
+        adopt=loop.adopt,
+        waves=waves,
+        deadline=None if hours is None else time.time() + hours * 3600,
+        history=history,
+        waves_done=done,
+        resume_wave=pending,
+        on_wave=on_wave,
+    )
