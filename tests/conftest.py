@@ -1,87 +1,14 @@
-"""Shared fixtures: a synthetic target and labs built from it.
-
-The synthetic target is a tiny train.py whose knobs choose its behaviour (sleep time,
-metric as a known function of LR, failure modes), so fleet tests are fast and exact.
-"""
+"""Shared fixtures: labs built over the synthetic target (see labkit.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-SYNTHETIC_TRAIN = '''\
-"""Synthetic target: prints a summary block after a short sleep."""
-import math
-import os
-import sys
-import time
-
-LR = 0.01  # learning rate: the metric is best at 0.02
-SLEEP = 0.2  # seconds of "training"
-MODE = "ok"  # ok | crash | syntax | nan | oom | garbage | nothing | partial | hang | big | selfkill | exit3
-NOISE = 0.0  # standard deviation of the seeded noise
-
-seed = int(os.environ.get("NIGHTLAB_SEED", "0"))
-start = time.time()
-if MODE == "hang":
-    time.sleep(3600)
-if MODE == "big":
-    line = "x" * 1023 + "\\n"
-    for _ in range(100 * 1024):
-        sys.stdout.write(line)
-time.sleep(SLEEP)
-if MODE == "crash":
-    raise ValueError("boom at step 3")
-if MODE == "oom":
-    raise MemoryError("cannot allocate 1 TiB")
-if MODE == "nan":
-    print("FAIL: loss is nan at step 12")
-    sys.exit(1)
-if MODE == "garbage":
-    print("\\x00\\x01 nothing to see %%% ---- : :")
-    sys.exit(0)
-if MODE == "nothing":
-    sys.exit(0)
-if MODE == "exit3":
-    sys.exit(3)
-if MODE == "selfkill":
-    import signal
-    os.kill(os.getpid(), signal.SIGSEGV)
-noise = NOISE * math.sin(12.9898 * (seed + 1)) * 1.7
-metric = 1.0 + 10 * (math.log10(LR) - math.log10(0.02)) ** 2 + noise
-print("step 1 loss 3.0\\r step 2 loss 2.5\\r", end="")
-print("\\x1b[32mdone\\x1b[0m")
-print("---")
-if MODE != "partial":
-    print(f"val_bpb:          {metric:.6f}")
-print(f"training_seconds: {SLEEP:.1f}")
-print(f"peak_vram_mb:     {2048.0 + 1024 * LR:.1f}")
-print(f"start_ts:         {start:.6f}")
-print(f"end_ts:           {time.time():.6f}")
-'''
-
-
-def nightlab(
-    *args: str, cwd: Path, check: bool = True, timeout: float = 120, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user (or an agent) would."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "nightlab", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"nightlab {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+from labkit import SYNTHETIC_TRAIN, nightlab
 
 
 @pytest.fixture
@@ -136,18 +63,3 @@ def make_lab(tmp_path: Path, target_repo: Path):
     yield make
     for lab in created:
         nightlab("fleet", "stop", cwd=lab, check=False)
-
-
-def wait_json(lab: Path, *ids: str, timeout: float = 60) -> list[dict]:
-    proc = nightlab("wait", *ids, "--timeout", str(timeout), "--json", cwd=lab)
-    return json.loads(proc.stdout)
-
-
-def wait_until(predicate, timeout: float = 30, interval: float = 0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")

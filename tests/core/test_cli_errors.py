@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import nightlab, wait_json
+from labkit import nightlab, wait_json
 
 
 def count(lab: Path) -> int:

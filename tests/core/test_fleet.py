@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import nightlab, wait_json, wait_until
+from labkit import nightlab, wait_json, wait_until
 
 
 def submit(lab: Path, message: str, *sets: str, extra: tuple[str, ...] = ()) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import nightlab, wait_json
+from labkit import nightlab, wait_json
 
 
 def git(lab, *args):
