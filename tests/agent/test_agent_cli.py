@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from agent_support import seen_dir, stand_in
 
-from conftest import nightlab
+from labkit import nightlab
 
 seen = pytest.fixture(seen_dir)
 
@@ -61,3 +64,32 @@ def test_bad_agent_and_limits_are_usage_errors(make_lab):
         "agent", "run", "--agent", stand_in("work"), "--max-experiments", "0", cwd=lab, check=False
     )
     assert proc.returncode == 2 and "--max-experiments" in proc.stderr
+
+
+def test_ctrl_c_stops_a_foreground_run_and_its_agent(make_lab, seen):
+    lab = make_lab(slots=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nightlab", "agent", "run", "--agent", stand_in("chatty")],
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 20
+    while not (seen / "env-1.json").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out == "stopped\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(json.loads((seen / "env-1.json").read_text())["pid"], 0)
+
+
+def test_a_supervisor_that_died_is_reported_dead(make_lab):
+    lab = make_lab(slots=1)
+    folder = lab / ".nightlab" / "agent"
+    folder.mkdir(parents=True)
+    state = {"pid": 999999, "status": "running", "agent": "claude", "agent_pid": None, "limits": {}}
+    (folder / "state.json").write_text(json.dumps(state))
+    assert status(lab)["status"] == "dead" and not status(lab)["running"]

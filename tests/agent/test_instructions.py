@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import nightlab
+from labkit import nightlab
 from nightlab.agent.instructions import NIGHTLAB_PROGRAM, SKILL_DIRS, program_files, render
 
 
@@ -66,3 +66,14 @@ def test_render_refuses_a_placeholder_without_a_value():
 
 def test_program_files_of_a_lab_without_any(tmp_path: Path):
     assert program_files(tmp_path) == (None, None)
+
+
+def test_the_builtin_target_keeps_its_program_and_gets_nightlabs_beside_it(tmp_path: Path):
+    from importlib import resources
+
+    nightlab("init", "lab", "--profile", "cpu", cwd=tmp_path)
+    lab = tmp_path / "lab"
+    builtin = resources.files("nightlab.targets.gpt").joinpath("program.md").read_text()
+    assert (lab / "program.md").read_text() == builtin
+    assert "Your job: lower the metric `val_bpb`" in (lab / NIGHTLAB_PROGRAM).read_text()
+    assert program_files(lab) == (lab / NIGHTLAB_PROGRAM, lab / "program.md")

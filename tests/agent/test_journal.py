@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import SYNTHETIC_TRAIN, nightlab, wait_json
+from labkit import SYNTHETIC_TRAIN, nightlab, wait_json
 from nightlab.agent.journal import (
     Change,
     Idea,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import nightlab, wait_json
+from labkit import nightlab, wait_json
 from nightlab.agent.prompt import Budget, build_prompt
 from nightlab.lab import Lab
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from agent_support import seen_dir, stand_in
 
-from conftest import nightlab, wait_json
+from labkit import nightlab, wait_json
 from nightlab.agent.supervisor import (
     BUILTIN_AGENTS,
     Limits,
