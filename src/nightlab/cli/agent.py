@@ -24,7 +24,7 @@ def command() -> None:
     "--max-experiments",
     type=click.IntRange(min=1),
     default=None,
-    help="Stop once the agent has submitted this many experiments.",
+    help="Stop once this many experiments were submitted during the run.",
 )
 @click.option(
     "--max-restarts-per-hour",
