@@ -356,10 +356,9 @@ def lr_multiplier(progress):
 # Setup
 
 profile = load_lab_profile()
+# Test / tune overrides; the fleet never sets them. MAX_STEPS > 0: exactly that many steps, step-based schedule.
 budget = float(os.environ.get("NIGHTLAB_BUDGET", profile.budget_seconds))
-max_steps = int(
-    os.environ.get("NIGHTLAB_MAX_STEPS", "0")
-)  # > 0: exactly this many steps, step-based schedule
+max_steps = int(os.environ.get("NIGHTLAB_MAX_STEPS", "0"))
 seed = int(os.environ.get("NIGHTLAB_SEED", "0"))
 data = data_dir(profile)
 try:
@@ -443,8 +442,9 @@ while True:
         opt.step()
     model.zero_grad(set_to_none=True)
     train_loss = loss.item()
-    if not math.isfinite(train_loss) or train_loss > 100:
-        print(f"FAIL: loss is {'exploding' if math.isfinite(train_loss) else train_loss} at step {step}")
+    if not math.isfinite(train_loss) or train_loss > 100:  # ln(vocab) is ~9: 100 means diverged
+        what = f"exploded to {train_loss:.1f}" if math.isfinite(train_loss) else f"is {train_loss}"
+        print(f"FAIL: loss {what} at step {step}")
         sys.exit(1)
     accel.synchronize()
     dt = time.time() - t0
