@@ -1,4 +1,5 @@
-"""Reports: `results.tsv` in the autoresearch format, a wider export, and `progress.png`.
+"""Reports: `results.tsv` in the autoresearch format, a wider export, `progress.png`, and
+`costs.md` (time and money per remote worker, see `fleet/costs.py`) for labs with SkyPilot pools.
 
 results.tsv is what existing autoresearch notebooks read, so its shape is fixed:
 tab-separated, header `commit <metric> memory_gb status description`, the short hash of
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 from nightlab.config import LabConfig
+from nightlab.fleet.costs import cost_markdown, cost_summary
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger
 
 _FIXED_WIDE = ("tier", "seed", "wave", "outcome", "verdict", "submitted_at", "started_at", "finished_at")
@@ -149,4 +151,9 @@ def write_report(
         png = lab_dir / "progress.png"
         progress_png(ledger, config, png)
         written.append(png)
+    costs = cost_summary(ledger)
+    if costs is not None:  # only labs that ran remote (SkyPilot) workers
+        costs_path = lab_dir / "costs.md"
+        _atomic_write(costs_path, cost_markdown(costs))
+        written.append(costs_path)
     return written

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("sky")
 
-from conftest import wait_until  # noqa: E402
+from labkit import wait_until  # noqa: E402
 from nightlab.config import load_config  # noqa: E402
 from nightlab.fleet import skypilot  # noqa: E402
 from nightlab.fleet.backend import RunSpec  # noqa: E402
@@ -34,13 +34,14 @@ tier = "h100"
 accelerators = "H100:1"
 workers = 2
 infra = "k8s"
+autostop = 60
 
 [[fleet.pool]]
 backend = "skypilot"
 tier = "h200"
 accelerators = "H200:1"
 workers = 2
-autostop = 5
+autostop = 30
 """
 
 
@@ -196,7 +197,7 @@ def test_launch_and_exec_get_real_tasks(sky_lab, fake):
     assert "nightlab prepare" in task.setup and "pip install" in task.setup
     assert task.envs["NIGHTLAB_TIER"] == "h100" and task.envs["NIGHTLAB_BUILTIN"] == "0"
     (launch_call,) = [c for c in fake.calls if c[0] == "launch" and c[1][0] == cluster]
-    assert launch_call[2] == {"idle_minutes_to_autostop": 10, "down": True}  # k8s: autodown
+    assert launch_call[2] == {"idle_minutes_to_autostop": 60, "down": True}  # k8s: autodown
     exec_cluster, job = execs[0]
     assert exec_cluster == cluster
     (job_res,) = job.resources
@@ -371,7 +372,7 @@ def test_idle_clusters_stop_themselves_and_relaunch_on_demand(sky_lab, fake):
     slot = _slot(backend, "h200-sky-0")
     name = backend._cluster(slot.name).name
 
-    # autostop = 5 minutes for this pool: 0.3 s at this scale
+    # autostop = 30 minutes for this pool: 1.8 s at this scale
     def stopped():
         fake.get(fake.status([name]))  # the fake applies autostop when asked, like a status refresh
         return fake.clusters[name].status.value == "STOPPED"
@@ -381,9 +382,10 @@ def test_idle_clusters_stop_themselves_and_relaunch_on_demand(sky_lab, fake):
     spec = _spec(lab, eid)
     ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
     assert ended.exit_code == 0
-    assert [c for c in fake.calls if c[0] == "launch" and c[1][0] == name][0][2][
-        "idle_minutes_to_autostop"
-    ] == 5
+    launches = [c for c in fake.calls if c[0] == "launch" and c[1][0] == name]
+    assert len(launches) == 2  # relaunched on demand
+    assert launches[0][2] == {"idle_minutes_to_autostop": 30, "down": False}
+    assert [e.worker for e in events(lab, "cluster-lost")] == [slot.name]
     backend.close()
 
 
@@ -431,3 +433,63 @@ def test_base_install_does_not_import_sky():
     code = "import nightlab.cli, nightlab.fleet.controller, nightlab.fleet.costs, sys; print('sky' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------------- CLI: fleet up / status / down, report
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    from nightlab.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_fleet_up_status_report_down(sky_lab, fake, capsys):
+    lab = sky_lab()
+    fake.fail_setup(skypilot.cluster_name(lab, "h200-sky-1"))
+    code, out, err = cli(capsys, "fleet", "up", "--lab", str(lab))
+    assert code == 1, err
+    assert "1 of 4 clusters are not up; `h200-sky-1`: set-up failed" in err
+    assert "launch.log" in err and "nightlab fleet up" in err
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [r[0] for r in rows] == ["h100-k8s-0", "h100-k8s-1", "h200-sky-0", "h200-sky-1"]
+    assert rows[0][2:] == ["up", "NVIDIA H100 80GB HBM3", "$2.99/h"]
+    # a second `fleet up` keeps the three clusters that are up and retries the failed one
+    code, out, _ = cli(capsys, "fleet", "up", "--lab", str(lab), "--json")
+    assert code == 0 and {r["state"] for r in json.loads(out)} == {"up"}
+    assert fake.count("launch") == 5
+
+    eid = submit(lab, "baseline", "h200")
+    with ControllerThread(lab):
+        finished(lab, [eid])
+    code, out, _ = cli(capsys, "fleet", "status", "--lab", str(lab), "--json")
+    clusters = {c["worker"]: c for c in json.loads(out)["clusters"]}
+    assert set(clusters) == {"h100-k8s-0", "h100-k8s-1", "h200-sky-0", "h200-sky-1"}
+    assert clusters["h200-sky-0"]["state"] == "up" and clusters["h200-sky-0"]["hourly_price"] == 3.79
+    assert clusters["h200-sky-0"]["cost"] > 0 and clusters["h200-sky-0"]["training_seconds"] > 0
+    code, out, _ = cli(capsys, "fleet", "status", "--lab", str(lab))
+    assert "clusters (SkyPilot):" in out and "$3.79/h" in out
+
+    code, out, _ = cli(capsys, "report", "--lab", str(lab), "--no-plot")
+    costs = (lab / "costs.md").read_text()
+    assert code == 0 and str(lab / "costs.md") in out
+    assert "fleet efficiency" in costs and "| h200-sky-0 |" in costs and "NVIDIA H200" in costs
+
+    code, out, err = cli(capsys, "fleet", "down", "--lab", str(lab))
+    assert code == 0, err
+    # the k8s clusters (autodown after 60 idle minutes: 3.6 s here) may already be gone
+    assert set(out.split()) <= {skypilot.cluster_name(lab, w) for w in clusters} and fake.clusters == {}
+    code, out, _ = cli(capsys, "fleet", "status", "--lab", str(lab), "--json")
+    assert {c["state"] for c in json.loads(out)["clusters"]} == {"down"}
+
+
+def test_fleet_up_without_a_skypilot_pool_is_a_usage_error(make_lab, fake, capsys):
+    lab = make_lab(1)
+    code, _, err = cli(capsys, "fleet", "up", "--lab", str(lab))
+    assert code == 2 and 'backend = "skypilot"' in err

@@ -68,3 +68,66 @@ def status(as_json, lab_dir) -> None:
         emit_json(state)
         return
     print_state(state)
+
+
+@command.command("up")
+@click.option(
+    "--relaunch",
+    is_flag=True,
+    help="Whether or not to launch clusters that are already up again (reruns set-up after editing "
+    "fleet/skypilot.yaml).",
+)
+@json_option
+@lab_option
+def up(relaunch, as_json, lab_dir) -> None:
+    """Launch one SkyPilot cluster per remote worker and wait until each is set up.
+
+    Set-up (fleet/skypilot.yaml) installs nightlab and the target's dependencies and prepares
+    the lab's data. Clusters stop themselves after `autostop` idle minutes.
+
+    \b
+    Example:
+      nightlab fleet up --json | jq -r '.[] | select(.state != "up") | .worker'
+    """
+    from nightlab.errors import NightlabError
+    from nightlab.fleet.skypilot import fleet_up
+    from nightlab.lab import find_lab
+
+    path = find_lab(lab_dir)
+
+    def progress(worker: str, state: str, detail: str | None) -> None:
+        say(f"{worker}: {state}" + (f" ({detail})" if detail else ""))
+
+    results = fleet_up(path, relaunch=relaunch, on_change=progress)
+    if as_json:
+        emit_json(results)
+    else:
+        for r in results:
+            price = "-" if r["hourly_price"] is None else f"${r['hourly_price']:.2f}/h"
+            click.echo(f"{r['worker']}\t{r['cluster']}\t{r['state']}\t{r['gpu_name'] or '-'}\t{price}")
+    failed = [r for r in results if r["state"] != "up"]
+    if failed:
+        first = failed[0]
+        log = path / ".nightlab" / "fleet" / first["cluster"] / "launch.log"
+        raise NightlabError(
+            f"{len(failed)} of {len(results)} clusters are not up; `{first['worker']}`: {first['detail']}; "
+            f"see {log}, fix fleet/skypilot.yaml or nightlab.toml, then rerun `nightlab fleet up`"
+        )
+
+
+@command.command("down")
+@lab_option
+def down(lab_dir) -> None:
+    """Stop the controller (its runs go back to the queue) and tear down every cluster of the lab."""
+    from nightlab.fleet import daemon
+    from nightlab.fleet.skypilot import fleet_down
+    from nightlab.lab import find_lab
+
+    path = find_lab(lab_dir)
+    pid = daemon.stop(path)
+    if pid is not None:
+        say(f"controller (pid {pid}) stopped; its running experiments are queued again")
+    names = fleet_down(path)
+    for name in names:
+        click.echo(name)
+    say(f"{len(names)} cluster(s) torn down")

@@ -10,6 +10,7 @@ from nightlab.cli._common import console, duration, emit_json, json_option, with
 def fleet_state(lab) -> dict:
     """The controller, workers, running experiments and queue, as plain data."""
     from nightlab.analysis import fleet_efficiency
+    from nightlab.fleet.costs import worker_costs
     from nightlab.fleet.daemon import running_pid
     from nightlab.ledger import ExperimentStatus
 
@@ -44,6 +45,7 @@ def fleet_state(lab) -> dict:
         },
         "workers": [w.to_dict() for w in lab.ledger.workers()],
         "efficiency": efficiency.__dict__ if efficiency else None,
+        "clusters": [w.to_dict() for w in worker_costs(lab.ledger)],
         "running": run_rows,
         "queued": [
             {"id": e.id, "tier": e.tier, "priority": e.priority, "description": e.description} for e in queued
@@ -60,6 +62,16 @@ def print_state(state: dict) -> None:
         out.print("controller: not running (starts with the next submit, or `nightlab fleet start`)")
     for w in state["workers"]:
         out.print(f"  {w['name']:<14} {w['tier']:<8} {w['state']:<8} {w['experiment_id'] or ''}")
+    if state.get("clusters"):
+        current = {w["name"]: w["experiment_id"] for w in state["workers"]}
+        out.print("clusters (SkyPilot):")
+        for k in state["clusters"]:
+            price = "-" if k["hourly_price"] is None else f"${k['hourly_price']:.2f}/h"
+            cost = "-" if k["cost"] is None else f"${k['cost']:.2f}"
+            out.print(
+                f"  {k['worker']:<14} {k['cluster'] or '-':<24} {k['state']:<9} "
+                f"{current.get(k['worker']) or '-':<6} {price:>9}  {cost} so far"
+            )
     out.print(f"running: {len(state['running'])}")
     for r in state["running"]:
         out.print(

@@ -59,7 +59,7 @@ class WorkerCost:
 
     worker: str
     cluster: str | None
-    state: str  # launching | up | failed | lost | down
+    state: str  # launching | up | failed | lost | down | autostopped
     hourly_price: float | None
     gpu_name: str | None
     held_seconds: float = 0.0
@@ -92,20 +92,20 @@ def _clip(a: float, b: float, since: float | None, until: float) -> float:
 
 
 def worker_costs(
-    ledger: Ledger, *, since: float | None = None, until: float | None = None, autostop: float = 600.0
+    ledger: Ledger, *, since: float | None = None, until: float | None = None
 ) -> list[WorkerCost]:
     """Per remote worker: held, setup, busy, training and idle seconds and cost in [since, until].
 
     Args:
         since: start of the window (e.g. the moment the last cluster came up); None = all.
         until: end of the window; None = now.
-        autostop: seconds after the last activity when an unwatched cluster stops itself.
     """
     until = time.time() if until is None else until
     events = [e for e in ledger.events(limit=1_000_000) if e.kind in CLUSTER_EVENTS]
     workers: dict[str, WorkerCost] = {}
     open_since: dict[str, float] = {}
     launch_at: dict[str, float] = {}
+    autostop: dict[str, float] = {}  # seconds after the last activity when a cluster stops itself
     for e in events:
         w = workers.setdefault(
             e.worker or "?", WorkerCost(e.worker or "?", e.data.get("cluster"), "down", None, None)
@@ -119,6 +119,7 @@ def worker_costs(
         elif e.kind == "cluster-up":
             w.hourly_price = e.data.get("hourly_price", w.hourly_price)
             w.gpu_name = e.data.get("gpu_name") or w.gpu_name
+            autostop[w.worker] = 60.0 * float(e.data.get("autostop_minutes", 10))
             start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
             w.setup_seconds += _clip(start, e.ts, since, until)
         elif e.kind in ("cluster-lost", "cluster-down", "cluster-failed") and w.worker in open_since:
@@ -127,8 +128,10 @@ def worker_costs(
     attempts = _attempts_by_worker(ledger, set(workers))
     for name, start in open_since.items():
         last = max([start] + [a[1] or until for a in attempts.get(name, [])])
-        end = until if ledger.controller() is not None else min(until, last + autostop)
+        end = until if ledger.controller() is not None else min(until, last + autostop.get(name, 600.0))
         workers[name].held_seconds += _clip(start, end, since, until)
+        if end < until and workers[name].state == "up":
+            workers[name].state = "autostopped"  # no controller watched: SkyPilot stopped it by now
     training = _training_by_worker(ledger)
     for name, w in workers.items():
         for started, ended in attempts.get(name, []):
@@ -150,10 +153,13 @@ def _attempts_by_worker(ledger: Ledger, names: set[str]) -> dict[str, list[tuple
 
 
 def _training_by_worker(ledger: Ledger) -> dict[str, list[tuple[float, float]]]:
-    """(finished_at, training_seconds) of each finished experiment, under its last attempt's worker."""
+    """(finished_at, training_seconds) of each ok experiment, under its last attempt's worker.
+
+    Crashes and timeouts count nothing: that GPU time was held but wasted.
+    """
     out: dict[str, list[tuple[float, float]]] = {}
     for e in ledger.experiments(status=ExperimentStatus.FINISHED):
-        seconds = e.metric("training_seconds")
+        seconds = e.metric("training_seconds") if e.outcome == "ok" else None
         attempts = ledger.attempts(e.id)
         if seconds is None or not attempts or e.finished_at is None:
             continue

@@ -360,9 +360,13 @@ class SkyPilotBackend(BaseBackend):
             log.warning("sky status failed: %s", e)
             records = []
         by_name = {_field(r, "name"): r for r in records}
+        last = self._last_cluster_events()
         for c in clusters:
             record = by_name.get(c.name)
-            up = record is not None and _status_name(_field(record, "status")) == "UP"
+            # an UP cluster whose set-up failed or never finished (a launch interrupted by a
+            # dying process) is not ready: it is launched again, which reruns set-up
+            ready = last.get(c.worker) in (None, "cluster-up")
+            up = record is not None and _status_name(_field(record, "status")) == "UP" and ready
             with self._lock:
                 if c.state not in ("unknown", "checking"):
                     continue
@@ -417,6 +421,7 @@ class SkyPilotBackend(BaseBackend):
                 "setup_seconds": time.time() - start,
                 "hourly_price": cluster.hourly_price,
                 "gpu_name": cluster.gpu_name,
+                "autostop_minutes": int(pool.options.get("autostop", DEFAULT_AUTOSTOP)),
                 "accelerators": pool.options.get("accelerators"),
                 "infra": pool.options.get("infra"),
             },
@@ -727,6 +732,19 @@ class SkyPilotBackend(BaseBackend):
             self._pending_events.append((kind, worker, data))
         self._flush_events()
 
+    def _last_cluster_events(self) -> dict[str, str]:
+        """The kind of the latest cluster event of each worker, from the ledger."""
+        from nightlab.fleet.costs import CLUSTER_EVENTS
+        from nightlab.ledger import open_ledger
+
+        self._flush_events()
+        try:
+            with open_ledger(self.lab_dir) as ledger:
+                events = ledger.events(limit=1_000_000)
+        except NightlabError:
+            return {}
+        return {e.worker: e.kind for e in events if e.kind in CLUSTER_EVENTS and e.worker}
+
     def _flush_events(self) -> None:
         with self._lock:
             if self.lab_dir is None or not self._pending_events:
@@ -756,3 +774,54 @@ def _field(record: Any, name: str) -> Any:
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# ---------------------------------------------------------------------------- CLI entry points
+
+
+def _lab_backend(lab_dir: Path, sdk: Any) -> SkyPilotBackend:
+    from nightlab.config import load_config
+    from nightlab.errors import UsageError
+
+    config = load_config(lab_dir / "nightlab.toml")
+    if not any(p.backend == "skypilot" for p in config.fleet.pools):
+        raise UsageError(
+            'nightlab.toml has no [[fleet.pool]] with `backend = "skypilot"`; add one (see docs/skypilot.md)'
+        )
+    return SkyPilotBackend(config, lab_dir=lab_dir, sdk=sdk)
+
+
+def fleet_up(
+    lab_dir: Path, *, relaunch: bool = False, sdk: Any = None, on_change: Any = None
+) -> list[dict[str, Any]]:
+    """Launch and set up one cluster per skypilot worker of the lab; waits for all of them.
+
+    Args:
+        relaunch: launch clusters that are already up again (reruns their set-up).
+        sdk: the SDK to call (the `sky` module by default).
+        on_change: called with (worker, state, detail) as clusters change.
+
+    Returns:
+        One dict per worker (worker, cluster, state, detail, gpu_name, hourly_price).
+
+    Raises:
+        UsageError: the lab has no skypilot pool, or SkyPilot is not installed.
+    """
+    backend = _lab_backend(lab_dir, sdk)
+    try:
+        return backend.up(relaunch=relaunch, on_change=on_change)
+    finally:
+        backend.close()
+
+
+def fleet_down(lab_dir: Path, *, sdk: Any = None) -> list[str]:
+    """Tear down every SkyPilot cluster of the lab; returns the names torn down.
+
+    Raises:
+        NightlabError: some clusters could not be torn down (named, with the fix).
+    """
+    backend = _lab_backend(lab_dir, sdk)
+    try:
+        return backend.down()
+    finally:
+        backend.close()
