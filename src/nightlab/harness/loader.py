@@ -319,7 +319,7 @@ def _batches(
             if cuda:
                 pair = host.to(device, non_blocking=True)
                 event = torch.cuda.Event()
-                event.record()
+                event.record(torch.cuda.current_stream(device))
                 free.put((flat, event))
                 yield pair[0], pair[1]
             else:
