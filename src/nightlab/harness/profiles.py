@@ -1,8 +1,8 @@
 """Profiles: the fixed constants of a lab (dataset, vocab, sequence length, budget, eval size).
 
 A profile is chosen once, at `nightlab init --profile NAME`, and written to the `[profile]`
-table of `nightlab.toml`. Results are comparable only between runs that share every field
-except the budget's consumer (the code being tested), so nothing here changes after init.
+table of `nightlab.toml`. Results are comparable only between runs under the same
+profile, so nothing here changes after init.
 
 The data a profile needs lives in one directory per *fingerprint*: a short hash of
 everything that decides which tokens a run sees and how it is scored (dataset identity,
@@ -40,6 +40,8 @@ else:  # pragma: no cover
 
 __all__ = [
     "BOS_TOKEN",
+    "CLIMBMIX_DEFAULT_SHARDS",
+    "CLIMBMIX_MAX_TRAIN_SHARDS",
     "DATA_FORMAT_VERSION",
     "PROFILES",
     "SPECIAL_TOKENS",
@@ -47,6 +49,7 @@ __all__ = [
     "TOKENIZER_VERSION",
     "Profile",
     "data_dir",
+    "data_root",
     "fingerprint",
     "get_profile",
     "load_lab_profile",
