@@ -1,0 +1,171 @@
+"""The SkyPilot tasks nightlab builds, its run script, and reading SkyPilot job logs back.
+
+Real `sky.Task` / `sky.Resources` objects, no network. The run script runs here under bash
+with the envs `experiment_task` gives it, as it would on a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+sky = pytest.importorskip("sky")
+
+from nightlab.config import PoolConfig  # noqa: E402
+from nightlab.errors import NightlabError, UsageError  # noqa: E402
+from nightlab.fleet import sky_task  # noqa: E402
+from nightlab.fleet.backend import RunSpec  # noqa: E402
+from nightlab.fleet.runner import classify, parse_summary  # noqa: E402
+from nightlab.snapshots import commit_files, head  # noqa: E402
+
+H100 = PoolConfig(
+    backend="skypilot", tier="h100", slots=2, options={"accelerators": "H100:1", "infra": "aws"}
+)
+
+
+# ---------------------------------------------------------------------------- logs
+
+JOB_LOG = """\
+├── Waiting for task resources on 1 node.
+└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)
+\x1b[36m(nightlab-e0001-a1, pid=2231)\x1b[0m nightlab-gpu: NVIDIA H100 80GB HBM3
+\x1b[36m(nightlab-e0001-a1, pid=2231)\x1b[0m step 00100 loss 3.2
+(nightlab-e0001-a1, pid=2231) ---
+(nightlab-e0001-a1, pid=2231) val_bpb:          0.997900
+(nightlab-e0001-a1, pid=2231) training_seconds: 300.1
+(nightlab-e0001-a1, pid=2231) nightlab-exit: 0
+✓ Job finished (status: SUCCEEDED).
+"""
+
+
+def test_clean_job_log_strips_prefixes_and_skypilot_lines():
+    text, tags = sky_task.clean_job_log(JOB_LOG)
+    assert text == "step 00100 loss 3.2\n---\nval_bpb:          0.997900\ntraining_seconds: 300.1\n"
+    assert tags == {"gpu": "NVIDIA H100 80GB HBM3", "exit": "0"}
+
+
+def test_clean_job_log_multi_node_prefix_and_unprefixed_fallback():
+    text, _ = sky_task.clean_job_log("(head, rank=0, pid=17, ip=10.0.0.2) hello\nskypilot chatter\n")
+    assert text == "hello\n"
+    # a log in another format (no prefix anywhere) is kept whole rather than lost
+    text, tags = sky_task.clean_job_log("plain\nnightlab-exit: 3\n")
+    assert (text, tags) == ("plain\n", {"exit": "3"})
+
+
+def test_run_keys_join_a_final_summary_block_only():
+    ok = "---\nval_bpb: 1.0\n"
+    joined = sky_task.with_run_keys(ok, tier="h100", gpu="NVIDIA H100 80GB HBM3")
+    assert parse_summary(joined) == {"val_bpb": 1.0, "tier": "h100", "gpu_name": "NVIDIA H100 80GB HBM3"}
+    crashed = "---\nval_bpb: 1.0\nTraceback (most recent call last):\n  x\nValueError: late\n"
+    assert sky_task.with_run_keys(crashed, tier="h100", gpu="G") == crashed
+    assert sky_task.with_run_keys("no summary\n", tier="h100", gpu="G") == "no summary\n"
+    # the crash keeps its exception line as the detail
+    assert classify(1, crashed, metric="val_bpb").detail == "ValueError: late"
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def test_cluster_task_reads_the_editable_yaml(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    path = sky_task.worker_yaml(lab)
+    assert path.read_text() == sky_task.WORKER_YAML
+    path.write_text(sky_task.WORKER_YAML.replace("disk_size: 100", "disk_size: 256\n  use_spot: false"))
+    spot = PoolConfig(
+        backend="skypilot", tier="h100", slots=1, options={"accelerators": "H100:8", "use_spot": True}
+    )
+    task = sky_task.cluster_task(lab, spot, cluster="nl-abc123-h100-sky-0", builtin=True)
+    (res,) = task.resources
+    assert (res.accelerators, res.use_spot, res.disk_size) == ({"H100": 8}, True, 256)
+    assert task.name == "nl-abc123-h100-sky-0"
+    assert task.workdir == str(lab.resolve())
+    assert task.envs["NIGHTLAB_BUILTIN"] == "1" and task.envs["NIGHTLAB_PIP_SPEC"] == "nightlab"
+    assert "nightlab-gpu:" in task.run
+
+
+def test_broken_yaml_is_a_usage_error(tmp_path):
+    lab = tmp_path / "lab"
+    (lab / "fleet").mkdir(parents=True)
+    (lab / "fleet" / "skypilot.yaml").write_text("resources: [unclosed\n")
+    with pytest.raises(UsageError, match="skypilot.yaml` is not valid YAML"):
+        sky_task.cluster_task(lab, H100, cluster="c", builtin=False)
+    (lab / "fleet" / "skypilot.yaml").write_text("resources:\n  accelerators: 3\n  nonsense_key: 1\n")
+    with pytest.raises(UsageError, match="not a valid SkyPilot task"):
+        sky_task.cluster_task(lab, H100, cluster="c", builtin=False)
+
+
+def _git_lab(tmp_path: Path, files: dict[str, bytes]) -> tuple[Path, str]:
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}
+    subprocess.run(["git", "init", "-q"], cwd=lab, check=True, env=env)
+    for name, data in files.items():
+        (lab / name).write_bytes(data)
+    commit_files(lab, list(files), "snapshot")
+    return lab, head(lab)
+
+
+def _spec(lab: Path, commit: str, command: str, timeout: float = 30) -> RunSpec:
+    return RunSpec(
+        experiment_id="e0007",
+        attempt=2,
+        snapshot=commit,
+        command=command,
+        env={"NIGHTLAB_EXPERIMENT": "e0007", "NIGHTLAB_TIER": "h100", "NIGHTLAB_LAB": "/local/lab"},
+        timeout=timeout,
+        run_dir=lab / ".nightlab" / "runs" / "e0007" / "attempt-2",
+        lab_dir=lab,
+    )
+
+
+def _run_on_fake_cluster(task, home: Path) -> subprocess.CompletedProcess:
+    home.mkdir(exist_ok=True)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), **task.envs}
+    return subprocess.run(["bash", "-c", task.run], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_snapshot_travels_inside_the_job_byte_identical(tmp_path):
+    big = os.urandom(200 * 1024)  # incompressible: three payload variables
+    lab, commit = _git_lab(tmp_path, {"train.py": b"print('hi')\n", "blob.bin": big})
+    (lab / "train.py").write_text("print('edited after the snapshot')\n")  # the job must not see this
+    digest = hashlib.sha256(big).hexdigest()
+    spec = _spec(lab, commit, 'sha256sum blob.bin && python3 train.py && echo "$NIGHTLAB_LAB"')
+    task = sky_task.experiment_task(spec, H100, lab_dir=lab)
+    assert isinstance(task, sky.Task) and task.name == "nightlab-e0007-a2"
+    assert int(task.envs["NIGHTLAB_PAYLOAD_CHUNKS"]) == 3
+    assert all(
+        len(v) <= sky_task.PAYLOAD_CHUNK for k, v in task.envs.items() if k.startswith("NIGHTLAB_PAYLOAD_")
+    )
+    assert task.envs["NIGHTLAB_REMOTE_TIMEOUT"] == str(30 + sky_task.REMOTE_TIMEOUT_MARGIN)
+    (res,) = task.resources
+    assert res.accelerators == {"H100": 1}
+    home = tmp_path / "cluster"
+    proc = _run_on_fake_cluster(task, home)
+    text, tags = sky_task.clean_job_log(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert digest in text and "hi\n" in text and f"{home}/sky_workdir" in text
+    assert tags == {"gpu": "none", "exit": "0"}
+    assert not (home / "nightlab" / "runs" / "e0007-a2").exists()  # the run cleans up after itself
+
+
+def test_the_run_script_reports_the_target_exit_code_and_its_own_timeout(tmp_path):
+    lab, commit = _git_lab(tmp_path, {"train.py": b"import sys; sys.exit(3)\n"})
+    task = sky_task.experiment_task(_spec(lab, commit, "python3 train.py"), H100, lab_dir=lab)
+    proc = _run_on_fake_cluster(task, tmp_path / "c1")
+    assert proc.returncode == 3 and sky_task.clean_job_log(proc.stdout)[1]["exit"] == "3"
+    task = sky_task.experiment_task(_spec(lab, commit, "sleep 30"), H100, lab_dir=lab)
+    task.update_envs({"NIGHTLAB_REMOTE_TIMEOUT": "1"})
+    proc = _run_on_fake_cluster(task, tmp_path / "c2")
+    assert sky_task.clean_job_log(proc.stdout)[1]["exit"] == "124"
+
+
+def test_a_payload_over_the_limit_names_the_fix(tmp_path, monkeypatch):
+    lab, commit = _git_lab(tmp_path, {"blob.bin": os.urandom(64 * 1024)})
+    monkeypatch.setattr(sky_task, "PAYLOAD_LIMIT", 32 * 1024)
+    with pytest.raises(NightlabError, match="git rm --cached"):
+        sky_task.payload_envs(lab, commit)
