@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/harness/test_accel.py
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -157,3 +158,17 @@ def test_cuda_model_compile_and_peak_memory():
     module, compiled = accel.maybe_compile_model(model, probe)
     assert compiled and module is not model
     assert accel.peak_memory_mb() > 0
+
+
+def test_optimizer_compile_failure_falls_back_to_eager():
+    forced = dataclasses.replace(detect(compile="off"), compile_optimizer=True)
+
+    def data_dependent(x):  # a Python branch on a tensor value cannot be one graph
+        return x * 2 if x.sum().item() > 0 else x
+
+    step = forced.compile_fn(data_dependent)
+    with pytest.warns(UserWarning, match="data_dependent"):
+        assert step(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eager from now on: no second attempt, no second warning
+        assert step(-torch.ones(2)).tolist() == [-1.0, -1.0]

@@ -162,12 +162,35 @@ class Accel:
             torch.mps.synchronize()
 
     def compile_fn(self, fn: Callable) -> Callable:
-        """Compile an optimizer step function when the policy says so (else return it unchanged)."""
+        """Compile an optimizer step function when the policy says so (else return it unchanged).
+
+        Compilation happens on the first call; if that call fails, `fn` runs eagerly from then on,
+        with one warning. Later errors propagate (they are the function's own).
+        """
         import torch
 
         if not self.compile_optimizer:
             return fn
-        return torch.compile(fn, dynamic=False, fullgraph=True)
+        compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+        current = [None]  # the callable in use once the first call settled it
+
+        def call(*args: Any) -> Any:
+            if current[0] is not None:
+                return current[0](*args)
+            try:
+                result = compiled(*args)
+                current[0] = compiled
+            except Exception as e:  # a dynamo / inductor error: compilation fails before running
+                warnings.warn(
+                    f"torch.compile of `{getattr(fn, '__name__', fn)}` failed "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); running it eagerly",
+                    stacklevel=2,
+                )
+                current[0] = fn
+                result = fn(*args)
+            return result
+
+        return call
 
     def maybe_compile_model(self, model: Any, probe: Callable[[Any], None]) -> tuple[Any, bool]:
         """Compile `model` if the policy says so, proving it works with `probe(compiled)`.
