@@ -8,7 +8,7 @@ prints as it goes; the mode (argv[1]) picks its behaviour:
     chatty        print a line every 0.1 s forever (busy, never stalls)
     context       print Claude Code's result event for a full context window, exit 1
     dup           submit the unchanged files twice; the second submit must be refused
-    submit-hang   submit one idea, then hang
+    submit-hang   wait 2 s, submit one idea without printing anything, then hang
 
 What it saw is written to $STAND_IN_OUT: prompt-<session>.md (stdin) and, per mode, results.
 """
@@ -35,18 +35,19 @@ prompt = sys.stdin.read()
 print(f"stand-in session {session} mode {mode}", flush=True)
 
 
-def nightlab(*args, check=True):
+def nightlab(*args, check=True, quiet=False):
     proc = subprocess.run(["nightlab", *args], capture_output=True, text=True)
-    print(f"$ nightlab {' '.join(args)} -> {proc.returncode}", flush=True)
+    if not quiet:
+        print(f"$ nightlab {' '.join(args)} -> {proc.returncode}", flush=True)
     if check and proc.returncode != 0:
         sys.exit(f"nightlab {args} failed: {proc.stderr}")
     return proc
 
 
-def submit_lr(value):
+def submit_lr(value, quiet=False):
     train = Path("train.py")
     train.write_text(re.sub(r"(?m)^LR = [0-9.e-]+", f"LR = {value}", train.read_text()))
-    eid = nightlab("submit", "-m", f"lr {value}").stdout.split()[0]
+    eid = nightlab("submit", "-m", f"lr {value}", quiet=quiet).stdout.split()[0]
     subprocess.run(["git", "checkout", "HEAD", "--", "train.py"], check=True)
     return eid
 
@@ -89,6 +90,7 @@ if mode == "dup":
     )
     sys.exit(0)
 if mode == "submit-hang":
-    submit_lr("0.02")
+    time.sleep(2.0)
+    submit_lr("0.02", quiet=True)  # silent: only the submission itself shows the agent is alive
     time.sleep(3600)
 sys.exit(f"unknown mode {mode}")

@@ -88,10 +88,13 @@ def test_restarts_a_stalled_agent_and_stops_at_the_restart_limit(make_lab, seen)
 def test_a_submission_counts_as_activity(make_lab, seen):
     lab = make_lab(slots=1)
     reason, state = supervise(
-        lab, "submit-hang", stall_seconds=1.5, max_restarts_per_hour=1, max_experiments=5
+        lab, "submit-hang", stall_seconds=3.0, max_restarts_per_hour=1, max_experiments=5
     )
     # session 2 submits the same idea again: refused as a duplicate, so the stand-in exits 1
     assert [s["end"] for s in state["sessions"]] == ["stall", "exit 1"]
+    # silent from 0.1 s on, but the submission at 2 s+ restarted the stall clock (else: stall at ~3.1 s)
+    first = state["sessions"][0]
+    assert first["ended_at"] - first["started_at"] >= 5.0
     assert reason == "max-restarts-per-hour"
     assert state["experiments_submitted"] == 1
     assert "e0001" in (seen / "prompt-2.md").read_text()
@@ -138,8 +141,10 @@ def test_a_second_supervisor_is_refused_and_a_stop_request_stops_the_first(make_
 
 def test_the_agent_cannot_measure_the_same_files_twice(make_lab, seen):
     lab = make_lab(slots=1)
-    reason, state = supervise(lab, "dup", max_experiments=1, stall_seconds=30)
-    assert reason == "max-experiments"
+    reason, state = supervise(lab, "dup", max_restarts_per_hour=1, stall_seconds=30)
+    # session 1 submits, is refused the duplicate and exits; session 2's first submit is refused too
+    assert [s["end"] for s in state["sessions"]] == ["exit 0", "exit 1"]
+    assert reason == "max-restarts-per-hour"
     dup = json.loads((seen / "dup.json").read_text())
     assert dup["first"] == "e0001" and dup["code"] == 2
     assert "already measured" in dup["stderr"] and "by e0001 (`same files`)" in dup["stderr"]

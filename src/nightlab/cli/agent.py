@@ -18,7 +18,10 @@ def command() -> None:
     help="claude, codex, a name from [agent.commands], or a command line (default: agent.default).",
 )
 @click.option(
-    "--max-hours", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this long."
+    "--max-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many hours.",
 )
 @click.option(
     "--max-experiments",
