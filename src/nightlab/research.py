@@ -321,10 +321,10 @@ def run_search(
         lab.check_tier(screen_tier)
         if screen_tier == tier:
             raise UsageError(f"the screening tier `{screen_tier}` is the validation tier; name a cheaper one")
-    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better, "seed": seed}
+    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better}
     if strategy == "optuna":
         options["sampler"] = sampler
-    search = make_strategy(strategy, dims, **options)
+    make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
     size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
     plan = SearchPlan(
         strategy=strategy,
@@ -341,6 +341,8 @@ def run_search(
     if done or pending:
         note(f"resuming: {done} waves judged" + (f", waiting for {pending}" if pending else ""))
     loop.ensure_noise_floor()
+    # A resumed Optuna study replays the history, but its random draws follow the seed alone.
+    search = make_strategy(strategy, dims, seed=seed + len(history), **options)
     knobs = head_knobs(lab)
     return run_loop(
         search,

@@ -337,12 +337,15 @@ def submit_sweep(
     if design == "optuna":
         from nightlab.search.strategies import OptunaStrategy
 
+        history = _history(lab, spaces, "optuna")
+        # A fresh study replays the history, but its random start-up draws follow the seed alone:
+        # shift the seed by the history so a second batch does not draw the first one again.
         strategy = OptunaStrategy(
-            dims, lower_is_better=lab.config.metric.lower_is_better, seed=seed, sampler=sampler
+            dims, lower_is_better=lab.config.metric.lower_is_better, seed=seed + len(history), sampler=sampler
         )
         knobs = head_knobs(lab)
         incumbent = {d.name: knobs[d.name].source for d in dims}
-        runs = strategy.propose(incumbent, _history(lab, spaces, "optuna"), size or 8)
+        runs = strategy.propose(incumbent, history, size or 8)
         if not runs:
             raise UsageError("Optuna found no new point in these spaces; widen them or use more knobs")
         spec["sampler"] = sampler

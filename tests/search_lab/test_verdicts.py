@@ -1,0 +1,51 @@
+"""Verdicts against the noise floor with a synthetic target of known noise, and `nightlab noise`.
+
+The incumbent (LR 0.01) runs seeds 0-2 for the noise floor (sigma 0.0047); single runs at seed 0:
+LR 0.02 gains 0.91 (keep), LR 0.01001 gains 0.0076 < 2 se = 0.0108 (within-noise),
+LR 0.0098 loses (discard).
+"""
+
+from __future__ import annotations
+
+import json
+
+from labkit import nightlab, wait_json
+from nightlab.analysis import decide_tree
+from nightlab.lab import Lab
+
+
+def submit(lab, lr: str) -> str:
+    out = nightlab("submit", "-m", f"lr {lr}", "--set", f"LR={lr}", "--json", cwd=lab).stdout
+    return json.loads(out)[0]["id"]
+
+
+def test_real_gain_is_kept_and_gain_inside_the_noise_is_not(quick_lab):
+    lab = quick_lab(slots=2)
+    noise = json.loads(nightlab("noise", "--repeats", "3", "--wait", "--json", cwd=lab).stdout)
+    sigma = noise["tiers"]["cpu"]["sigma"]
+    assert abs(sigma - 0.004672) < 1e-5 and noise["tiers"]["cpu"]["dof"] == 2
+    [snap] = noise["snapshots"]
+    assert snap["n"] == 3 and abs(snap["mean"] - 1.918180) < 1e-5
+    ids = {lr: submit(lab, lr) for lr in ("0.02", "0.01001", "0.0098")}
+    done = {d["id"]: d["verdict"] for d in wait_json(lab, *ids.values())}
+    assert done[ids["0.02"]] == "keep"
+    assert done[ids["0.01001"]] == "within-noise"
+    assert done[ids["0.0098"]] == "discard"
+    # results points at repeats of the within-noise candidate; 3 more runs of it would settle it
+    res = nightlab("results", cwd=lab)
+    hint = next(line for line in res.stderr.splitlines() if ids["0.01001"] in line)
+    assert "within noise" in hint and f"--from {ids['0.01001']} --repeats" in hint
+    with Lab.open(lab) as opened:
+        exp = opened.ledger.get(ids["0.01001"])
+        decision = decide_tree(opened.ledger, opened.config, opened.path, exp.tree, "cpu")
+    assert (decision.repeats_to_settle.candidate, decision.repeats_to_settle.incumbent) == (3, 0)
+
+
+def test_noise_needs_two_repeats_and_a_known_tier(quick_lab):
+    lab = quick_lab()
+    proc = nightlab("noise", "--repeats", "1", cwd=lab, check=False)
+    assert proc.returncode == 2
+    proc = nightlab("noise", "--tier", "h200", cwd=lab, check=False)
+    assert proc.returncode == 2 and "`h200`" in proc.stderr and "cpu" in proc.stderr
+    shown = nightlab("noise", "--show", cwd=lab)
+    assert "no noise floor yet" in shown.stderr
