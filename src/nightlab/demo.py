@@ -1,0 +1,170 @@
+"""`nightlab demo`: the whole loop, offline, on a CPU, in a few minutes.
+
+It creates a lab of the built-in GPT target with the `cpu` profile in `./nightlab-demo`,
+prepares the offline `demo` dataset, measures the baseline twice (the noise floor), runs
+one wave of variants over a few hyperparameters on the local fleet, settles a close call
+with repeats, adopts the best variant only if it beats the baseline beyond the noise, and
+writes the report. Every step goes through the same API as the CLI commands (`init`,
+`prepare`, `noise`, `sweep`, `adopt`, `report`), so the demo is also a recipe.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nightlab.errors import UsageError
+
+DEMO_DIR = Path("nightlab-demo")
+MARKER = "demo"  # a file in .nightlab/ that says the lab was made by `nightlab demo`
+# The wave: a 2x2 full factorial. On the cpu profile's 30 s budget a higher matrix learning
+# rate and a larger model both change val_bpb by more than the seed noise, in either
+# direction, so the verdict machinery has real differences to judge.
+DEFAULT_SPACES = ("MATRIX_LR=0.04,0.08", "EMBEDDING_LR=0.6,1.2")
+MAX_SETTLE_REPEATS = 2
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    lab: Path
+    baseline: float
+    best_id: str | None
+    best: float | None
+    verdict: str | None
+    adopted: bool
+    files: list[Path]
+    seconds: float
+
+
+def _fresh_dir(directory: Path, *, force: bool) -> None:
+    if not directory.exists():
+        return
+    if (directory / ".nightlab" / MARKER).exists() or force:
+        from nightlab.fleet import daemon
+
+        if (directory / ".nightlab").is_dir():
+            daemon.stop(directory)
+        shutil.rmtree(directory)
+        return
+    raise UsageError(
+        f"`{directory}` exists and was not made by `nightlab demo`; move it away or pass `--dir` another path"
+    )
+
+
+def run_demo(
+    directory: Path = DEMO_DIR,
+    *,
+    slots: int = 2,
+    spaces: Sequence[str] = DEFAULT_SPACES,
+    budget: float | None = None,
+    force: bool = False,
+    say=print,
+) -> DemoResult:
+    """Run the demo in `directory` and return what it found (see the module docstring).
+
+    Args:
+        slots: CPU slots of the local fleet (each gets cores / slots threads).
+        spaces: the wave's search spaces (`nightlab sweep` syntax).
+        budget: training seconds per run (default: the `cpu` profile's).
+        force: replace `directory` even if `nightlab demo` did not create it.
+        say: where progress lines go.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nightlab import waves
+    from nightlab.harness.data import prepare
+    from nightlab.harness.profiles import Profile
+    from nightlab.lab import InitOptions, Lab, init_lab
+    from nightlab.report import write_report
+
+    started = time.time()
+    directory = directory.resolve()
+    _fresh_dir(directory, force=force)
+
+    say(f"[1/6] creating the lab {directory} (built-in GPT target, cpu profile, {slots} CPU slots)")
+    init_lab(directory, InitOptions(profile="cpu", cpu_slots=slots, budget=budget))
+    (directory / ".nightlab" / MARKER).write_text("made by nightlab demo; the next demo replaces this lab\n")
+
+    with Lab(directory) as lab:
+        profile = Profile.from_dict(lab.config.profile or {})
+        say(f"[2/6] preparing the offline `{profile.dataset}` dataset (tokenizer + token cache)")
+        prepare(profile, progress=True)
+        tier = lab.config.fleet.default_tier
+        metric = lab.config.metric.name
+
+        def wait(label: str, ids: list[str]) -> None:
+            with Progress(
+                TextColumn("      {task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} done"),
+                TextColumn("{task.fields[running]} running"),
+                TimeElapsedColumn(),
+                transient=False,
+            ) as bar:
+                task = bar.add_task(label, total=len(ids), running=0)
+
+                def tick(exps) -> None:
+                    done = sum(1 for e in exps if e.status.is_finished())
+                    running = sum(1 for e in exps if e.status.label == "running")
+                    bar.update(task, completed=done, running=running)
+
+                final = lab.wait(ids, timeout=3600, on_tick=tick, poll=0.5)
+                tick(final)
+
+        per_run = profile.budget_seconds
+        say(f"[3/6] measuring the baseline twice: the noise floor ({per_run:.0f} s of training each)")
+        noise = waves.noise(lab, repeats=2, tier=tier)
+        wait("baseline x2", [e.id for e in noise.experiments])
+        base = [e.metric(metric) for e in lab.ledger.experiments(wave=noise.wave.id) if e.ok]
+        if not base:
+            raise UsageError("the baseline runs crashed; see `nightlab show` for their logs")
+        baseline = sum(base) / len(base)
+        say(f"      baseline {metric} {baseline:.4f} (runs: {', '.join(f'{v:.4f}' for v in base)})")
+
+        say(f"[4/6] one wave: full factorial over {', '.join(spaces)}")
+        sweep = waves.submit_sweep(lab, list(spaces), design="full", description="demo wave", tier=tier)
+        wait(f"wave {sweep.wave.id}", [e.id for e in sweep.experiments])
+        status = waves.wave_status(lab, sweep.wave.id)
+        best = status.best
+
+        say("[5/6] deciding: keep only a gain beyond the noise")
+        adopted = False
+        if best is not None and best.verdict == "within-noise":
+            from nightlab.analysis import decide_tree
+
+            decision = decide_tree(lab.ledger, lab.config, lab.path, best.tree, best.tier)
+            n = min(
+                MAX_SETTLE_REPEATS, (decision.repeats_to_settle if decision else None) or MAX_SETTLE_REPEATS
+            )
+            say(f"      {best.id} is within the noise: {n} more runs to settle it")
+            files, base_commit = lab.files_of(best.id)
+            more = lab.submit(
+                f"repeat {best.id}", overrides=files, base=base_commit, tier=tier, repeats=n, source="demo"
+            )
+            wait(f"repeats of {best.id}", [e.id for e in more])
+            best = lab.ledger.get(best.id)
+        if best is not None and best.verdict == "keep":
+            lab.adopt(best.id)
+            adopted = True
+            say(f"      adopted {best.id}: {best.description}")
+        elif best is not None:
+            say(f"      best variant {best.id} is `{best.verdict}`: nothing adopted, the baseline stays")
+        else:
+            say("      every variant crashed: nothing adopted")
+
+        say("[6/6] writing the report")
+        files = write_report(lab.ledger, lab.config, lab.path, wide=True)
+        best_value = best.metric(metric) if best is not None else None
+        return DemoResult(
+            lab=directory,
+            baseline=baseline,
+            best_id=best.id if best else None,
+            best=best_value,
+            verdict=best.verdict if best else None,
+            adopted=adopted,
+            files=files,
+            seconds=time.time() - started,
+        )
