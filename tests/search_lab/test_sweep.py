@@ -75,3 +75,20 @@ def test_bad_input_is_a_usage_error(quick_lab):
         assert proc.stderr.startswith("error: ") and text in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1
     assert json.loads(nightlab("waves", "--json", cwd=lab).stdout) == []
+
+
+def test_stale_incumbent_is_re_measured_inside_the_wave(quick_lab):
+    from conftest import commit
+
+    lab = quick_lab(sleep=0.05)
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text().replace("incumbent_max_age_waves = 3", "incumbent_max_age_waves = 1"))
+    commit(lab, "re-measure after one wave")
+    sources = []
+    for lr in ("0.015,0.02", "0.025,0.03", "0.035,0.04"):
+        out = sweep(lab, f"LR={lr}", "-m", lr)
+        sources.append(sorted(e["source"] for e in out["experiments"]))
+    # never measured -> measured; 1 wave old -> fine; 2 waves old -> measured again (a new seed)
+    assert sources == [["remeasure", "sweep", "sweep"], ["sweep", "sweep"], ["remeasure", "sweep", "sweep"]]
+    with_seeds = json.loads(nightlab("waves", "w003", "--json", cwd=lab).stdout)["experiments"]
+    assert [e["seed"] for e in with_seeds if e["source"] == "remeasure"] == [1]

@@ -1,0 +1,112 @@
+"""`nightlab search`: the research loop through the real CLI and fleet, adoption only of a
+significant winner, and resuming from the ledger after an interruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from labkit import nightlab, wait_until
+from nightlab.ledger import open_ledger
+
+WIDE = "LR=log(0.005,0.08)"  # the incumbent LR 0.01 sits at coded -0.5, the optimum 0.02 at 0
+
+
+def knob(lab, name: str) -> str:
+    rows = json.loads(nightlab("knobs", "--json", cwd=lab).stdout)
+    return next(r["source"] for r in rows if r["name"] == name)
+
+
+def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
+    lab = quick_lab(slots=1, sleep=0.05)
+    # a gain inside the noise: measured, not adopted
+    proc = nightlab("search", "--strategy", "greedy", "--space", "LR=0.01,0.01001", "--waves", "1", cwd=lab)
+    assert "no noise floor on tier cpu: running the incumbent 3 times first" in proc.stderr
+    [line] = proc.stdout.splitlines()
+    assert line.startswith("wave 1 w002: 1/1 runs, best val_bpb") and line.endswith("within-noise")
+    assert knob(lab, "LR") == "0.01"
+    # a real gain: adopted, and the next wave is centred on it
+    proc = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "2", cwd=lab)
+    first, second = proc.stdout.splitlines()
+    assert first.startswith("wave 1 w003: 1/1 runs") and ", adopted e" in first
+    assert second.startswith("wave 2 w004: 1/1 runs") and "adopted" not in second
+    assert knob(lab, "LR") == "0.02"
+    assert (
+        "adopt"
+        in subprocess.run(["git", "log", "-1", "--format=%s"], cwd=lab, capture_output=True, text=True).stdout
+    )
+    # the same command with a larger budget resumes: two waves judged, one more to run
+    proc = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "3", cwd=lab)
+    assert "resuming: 2 waves judged" in proc.stderr
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["wave 3 w005"]
+
+
+def test_factorial_and_optuna_waves(quick_lab):
+    lab = quick_lab(slots=2, sleep=0.05)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    proc = nightlab(
+        "search",
+        "--strategy",
+        "factorial",
+        "--space",
+        WIDE,
+        "--space",
+        "SLEEP=uniform(0.03,0.07)",
+        "--waves",
+        "1",
+        "--wave-size",
+        "4",
+        "--json",
+        cwd=lab,
+    )
+    out = json.loads(proc.stdout)
+    [wave] = out["waves"]
+    assert wave["proposed"] == 4 and wave["adopted"] == wave["best"]["id"]
+    assert out["incumbent"]["LR"] == "0.02" and knob(lab, "LR") == "0.02"
+    spec = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["spec"]
+    assert spec["search"]["key"]["strategy"] == "factorial" and spec["search"]["judged"] is True
+    proc = nightlab(
+        "search", "--strategy", "optuna", "--space", WIDE, "--waves", "1", "--wave-size", "2", cwd=lab
+    )
+    [line] = proc.stdout.splitlines()
+    assert line.startswith("wave 1 ") and "2/2 runs" in line
+
+
+def test_interrupted_search_resumes_its_wave(quick_lab):
+    lab = quick_lab(slots=2, sleep=1.0)
+    nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
+    args = [
+        sys.executable,
+        "-m",
+        "nightlab",
+        "search",
+        "--strategy",
+        "greedy",
+        "--space",
+        WIDE,
+        "--waves",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=lab, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+
+    def submitted():
+        with open_ledger(lab) as ledger:
+            return [w for w in ledger.waves() if "search" in w.spec and ledger.experiments(wave=w.id)]
+
+    [wave] = wait_until(submitted, timeout=30)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert proc.stdout.read() == ""  # interrupted before the wave was judged
+    started = time.time()
+    again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
+    assert f"resuming: 0 waves judged, waiting for {wave.id}" in again.stderr
+    assert again.stdout.startswith(f"wave 1 {wave.id}: 1/1 runs") and "adopted" in again.stdout
+    assert time.time() - started < 20
+    with open_ledger(lab) as ledger:
+        assert len(ledger.waves()) == 2  # the noise wave and the one search wave, nothing re-submitted
