@@ -250,3 +250,22 @@ def test_not_a_lab_fails_at_start(tmp_path):
 
     with pytest.raises(NightlabError):
         create_app(tmp_path)
+
+
+def test_cached_pages_follow_the_ledger(make_lab):
+    """Pages are cached per lab version; any recorded change (here a submit) shows on the next request."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from conftest import nightlab
+
+    lab = make_lab(slots=1)
+    with TestClient(create_app(lab)) as c:
+        first = c.get("/")
+        assert c.get("/api/overview").json()["counts"]["queued"] == 0
+        version = first.headers["X-Nightlab-Version"]
+        nightlab("submit", "-m", "queued while watching", "--no-start", cwd=lab)
+        assert c.get("/", params={"partial": 1, "since": version}).status_code == 200
+        assert c.get("/api/overview").json()["counts"]["queued"] == 1
+        assert c.get("/api/results").json() == json.loads(nightlab("results", "--json", cwd=lab).stdout)

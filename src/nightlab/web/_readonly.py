@@ -13,13 +13,13 @@ synchronous endpoints in a thread pool. Opening costs well under a millisecond.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nightlab import snapshots
 from nightlab.config import CONFIG_NAME, LabConfig, load_config
 from nightlab.errors import LedgerError, NightlabError
-from nightlab.ledger import SCHEMA_VERSION, Ledger
+from nightlab.ledger import SCHEMA_VERSION, Experiment, Ledger, _to_experiment
 
 
 class ReadOnlyLedger(Ledger):
@@ -48,6 +48,19 @@ class ReadOnlyLedger(Ledger):
     def transaction(self) -> Iterator[sqlite3.Connection]:
         raise NightlabError("the dashboard is read-only: it never writes the ledger")
 
+    def by_commit(self, column: str, commits: Iterable[str]) -> list[Experiment]:
+        """Experiments whose `snapshot` or `parent` is one of `commits`, in submission order (no metrics)."""
+        if column not in ("snapshot", "parent"):
+            raise ValueError(f"`{column}` is not a commit column")
+        wanted = sorted(set(commits))
+        rows = []
+        for start in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
+            chunk = wanted[start : start + 500]
+            rows += self._query(
+                f"SELECT * FROM experiments WHERE {column} IN ({','.join('?' * len(chunk))})", chunk
+            )
+        return [_to_experiment(r) for r in sorted(rows, key=lambda r: r["seq"])]
+
     def version(self) -> int:
         """The id of the latest event: it grows with every change the lab records."""
         return int(self._query("SELECT COALESCE(MAX(id), 0) FROM events")[0][0])
@@ -60,6 +73,8 @@ class ReadOnlyLab:
         self.path = path
         self.config: LabConfig = load_config(path / CONFIG_NAME)
         self.ledger = ReadOnlyLedger(path / ".nightlab" / "ledger.db")
+        self._version: str | None = None
+        self._head: str | None = None
 
     def close(self) -> None:
         self.ledger.close()
@@ -71,11 +86,16 @@ class ReadOnlyLab:
         self.close()
 
     def head(self) -> str:
-        return snapshots.head(self.path)
+        """The incumbent commit, read once per lab object (one request): each read is a git process."""
+        if self._head is None:
+            self._head = snapshots.head(self.path)
+        return self._head
 
     def head_tree(self) -> str:
         return snapshots.tree_of(self.path, "HEAD")
 
     def version(self) -> str:
-        """Changes whenever anything the overview shows can have changed (an event or a new HEAD)."""
-        return f"{self.ledger.version()}-{self.head()[:12]}"
+        """Changes whenever a result can have changed (an event or a new HEAD); read once per lab object."""
+        if self._version is None:
+            self._version = f"{self.ledger.version()}-{self.head()[:12]}"
+        return self._version

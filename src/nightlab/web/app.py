@@ -41,6 +41,7 @@ from nightlab.web import _views
 from nightlab.web._readonly import ReadOnlyLab
 
 TOKEN_COOKIE = "nightlab_token"
+VERSIONED = {"overview", "waves", "wave"}  # pages whose data change only with the lab's version
 POLL_MS = {"overview": 3000, "fleet": 2000, "experiment": 2000, "waves": 5000, "wave": 5000, "agent": 2000}
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -99,24 +100,37 @@ class _ReadOnlyApp:
     def __init__(self, lab_dir: Path) -> None:
         self.lab_dir = lab_dir
         self.env = _templates()
+        self.cache = _views.VersionCache()
+
+    def cached(
+        self, lab: ReadOnlyLab, name: str, fn: Callable[..., dict[str, Any]], *args: Any
+    ) -> dict[str, Any]:
+        """`fn(lab, *args)`, computed once per version of the lab (for data that only events change)."""
+        return self.cache.get(lab, name, lambda lab: fn(lab, *args))
 
     def data(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         with ReadOnlyLab(self.lab_dir) as lab:
             return fn(lab, *args)
 
-    def page(self, request: Request, name: str, data: dict[str, Any], **extra: Any) -> Response:
-        """The full page, or only its live fragment with `?partial=1` (204 when `since` is current)."""
-        version = data.get("version")
+    def page(self, request: Request, name: str, fn: Callable[..., dict[str, Any]], *args: Any) -> Response:
+        """The full page, or only its live fragment with `?partial=1`.
+
+        Pages whose data carry a `version` answer 204 to `?since=<version>` while it is
+        current, before computing anything.
+        """
+        partial = bool(request.query_params.get("partial"))
+        since = request.query_params.get("since")
+        with ReadOnlyLab(self.lab_dir) as lab:
+            if partial and since and name in VERSIONED and since == lab.version():
+                return Response(
+                    status_code=204, headers={"Cache-Control": "no-store", "X-Nightlab-Version": since}
+                )
+            data = fn(lab, *args)
         headers = {"Cache-Control": "no-store"}
-        if version is not None:
-            headers["X-Nightlab-Version"] = str(version)
-        if request.query_params.get("partial"):
-            if version is not None and request.query_params.get("since") == str(version):
-                return Response(status_code=204, headers=headers)
-            template = self.env.get_template(f"{name}_live.html")
-        else:
-            template = self.env.get_template("page.html")
-        context = {"d": data, "page": name, "poll_ms": POLL_MS[name], "lab_name": self.lab_dir.name, **extra}
+        if data.get("version") is not None:
+            headers["X-Nightlab-Version"] = str(data["version"])
+        template = self.env.get_template(f"{name}_live.html" if partial else "page.html")
+        context = {"d": data, "page": name, "poll_ms": POLL_MS[name], "lab_name": self.lab_dir.name}
         return HTMLResponse(template.render(**context), headers=headers)
 
 
@@ -170,10 +184,11 @@ def create_app(
     Raises:
         NotALabError / ConfigError / LedgerError: `lab_dir` is not a readable lab.
     """
-    ReadOnlyLab(lab_dir).close()  # fail at start-up, not on the first request
+    site = _ReadOnlyApp(lab_dir)
+    with ReadOnlyLab(lab_dir) as lab:  # fail at start-up, not on the first request
+        _views.overview(lab, site.cache)  # and have the first page view served from the cache
     # no /docs or /openapi.json: they load their UI from a CDN and list nothing a researcher needs
     app = FastAPI(title="nightlab dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    site = _ReadOnlyApp(lab_dir)
     static = Path(__file__).parent / "static"
     app.mount("/static", StaticFiles(directory=static), name="static")
 
@@ -205,14 +220,17 @@ def create_app(
 
     # ------------------------------------------------------------------ JSON
 
+    def encode(data: Any) -> str:
+        return json.dumps(data, separators=(",", ":"), default=str)
+
     def dump(data: Any) -> Response:
-        body = json.dumps(data, separators=(",", ":"), default=str)
+        body = data if isinstance(data, str) else encode(data)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @app.get("/api/results")
     def api_results() -> Response:
         """Exactly `nightlab results --json`."""
-        return dump(site.data(lambda lab: _views.finite(_views._results(lab)[0])))
+        return dump(site.data(lambda lab: _views.finite(site.cache.results(lab)[0])))
 
     @app.get("/api/status")
     def api_status() -> Response:
@@ -221,11 +239,18 @@ def create_app(
 
     @app.get("/api/overview")
     def api_overview() -> Response:
-        return dump(site.data(_views.overview))
+        return dump(site.data(_views.overview, site.cache))
 
     @app.get("/api/progress")
     def api_progress() -> Response:
-        return dump(site.data(_views.progress_series))
+        # one point per experiment: keep the encoded body too (~50 ms to encode at 5,000)
+        return dump(
+            site.data(
+                lambda lab: site.cache.get(
+                    lab, "progress-json", lambda lab: encode(_views.progress_series(lab, site.cache))
+                )
+            )
+        )
 
     @app.get("/api/fleet")
     def api_fleet() -> Response:
@@ -237,11 +262,11 @@ def create_app(
 
     @app.get("/api/waves")
     def api_waves() -> Response:
-        return dump(site.data(_views.waves))
+        return dump(site.data(site.cached, "waves", _views.waves))
 
     @app.get("/api/waves/{wave_id}")
     def api_wave(wave_id: str) -> Response:
-        return dump(site.data(_views.wave, wave_id))
+        return dump(site.data(site.cached, f"wave:{wave_id}", _views.wave, wave_id))
 
     @app.get("/api/agent")
     def api_agent() -> Response:
@@ -251,27 +276,27 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request) -> Response:
-        return site.page(request, "overview", site.data(_views.overview))
+        return site.page(request, "overview", _views.overview, site.cache)
 
     @app.get("/fleet", response_class=HTMLResponse)
     def fleet_page(request: Request) -> Response:
-        return site.page(request, "fleet", site.data(_views.fleet))
+        return site.page(request, "fleet", _views.fleet)
 
     @app.get("/experiments/{experiment_id}", response_class=HTMLResponse)
     def experiment_page(request: Request, experiment_id: str) -> Response:
-        return site.page(request, "experiment", site.data(_views.experiment, experiment_id))
+        return site.page(request, "experiment", _views.experiment, experiment_id)
 
     @app.get("/waves", response_class=HTMLResponse)
     def waves_page(request: Request) -> Response:
-        return site.page(request, "waves", site.data(_views.waves))
+        return site.page(request, "waves", site.cached, "waves", _views.waves)
 
     @app.get("/waves/{wave_id}", response_class=HTMLResponse)
     def wave_page(request: Request, wave_id: str) -> Response:
-        return site.page(request, "wave", site.data(_views.wave, wave_id))
+        return site.page(request, "wave", site.cached, f"wave:{wave_id}", _views.wave, wave_id)
 
     @app.get("/agent", response_class=HTMLResponse)
     def agent_page(request: Request) -> Response:
-        return site.page(request, "agent", site.data(_views.agent))
+        return site.page(request, "agent", _views.agent)
 
     @app.get("/highlight.css")
     def highlight_css() -> Response:
