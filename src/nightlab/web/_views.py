@@ -210,8 +210,13 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
     }
 
 
-def _gpu(info: dict[str, Any]) -> str | None:
-    for key in ("gpu", "gpu_name", "accelerator", "accelerators", "gpus", "cuda_visible_devices"):
+def _gpu(info: dict[str, Any], cluster: dict[str, Any] | None) -> str | None:
+    """What the worker runs on: a remote cluster's GPU name, the pool's accelerators, a local GPU index."""
+    if cluster and cluster.get("gpu_name"):
+        return str(cluster["gpu_name"])
+    if isinstance(info.get("gpu"), int):
+        return f"cuda:{info['gpu']}"  # a local slot: the index in CUDA_VISIBLE_DEVICES terms
+    for key in ("gpu_name", "accelerators", "accelerator", "gpus"):
         value = info.get(key)
         if value not in (None, "", [], ()):
             return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
@@ -230,6 +235,7 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
     """One row per worker with its running experiment, elapsed time, progress and live loss."""
     state = _fleet_state(lab)
     running = {r["worker"]: r for r in state["running"] if r["worker"]}
+    clusters = {k["worker"]: k for k in state.get("clusters") or []}  # SkyPilot workers, when any
     budget, budget_kind = _budget_seconds(lab)
     rows = []
     for w in state["workers"]:
@@ -247,7 +253,7 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
                 "name": w["name"],
                 "tier": w["tier"],
                 "backend": w["backend"],
-                "gpu": _gpu(w["info"]),
+                "gpu": _gpu(w["info"], clusters.get(w["name"])),
                 "state": w["state"],
                 "experiment": run,
                 "progress": progress,

@@ -1,0 +1,44 @@
+"""Small pure pieces of `nightlab.web._views`.
+
+Run: .venv/bin/python -m pytest -q tests/web/test_views.py
+"""
+
+from __future__ import annotations
+
+import math
+
+from nightlab.web._views import _coded_levels, _gpu, counts, finite
+
+
+def test_gpu_column():
+    assert _gpu({"gpu": 1}, None) == "cuda:1"
+    assert _gpu({"accelerators": "H100:1", "infra": "k8s"}, None) == "H100:1"
+    assert _gpu({"accelerators": "H100:1"}, {"gpu_name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    assert _gpu({"threads": 1}, None) is None
+
+
+def test_coded_levels_follow_numeric_order():
+    assert _coded_levels(["0.04", "0.01", "0.02", "0.01"]) == {"0.01": -1.0, "0.02": 0.0, "0.04": 1.0}
+    assert _coded_levels(["'b'", "'a'"]) == {"'a'": -1.0, "'b'": 1.0}
+    assert _coded_levels(["8"]) == {"8": 0.0}
+
+
+def test_counts():
+    rows = [
+        {"status": "finished", "outcome": "ok"},
+        {"status": "finished", "outcome": "crash:oom"},
+        {"status": "finished", "outcome": "timeout"},
+        {"status": "finished", "outcome": "invalid"},
+        {"status": "running", "outcome": None},
+        {"status": "cancelled", "outcome": "cancelled"},
+    ]
+    assert counts(rows) == {
+        "done": 4, "ok": 1, "crashed": 2, "invalid": 1, "running": 1, "queued": 0, "cancelled": 1,
+    }  # fmt: skip
+
+
+def test_finite_replaces_nan_and_inf_for_browsers():
+    assert finite({"a": [math.nan, 1.0, {"b": math.inf}], "c": "nan"}) == {
+        "a": [None, 1.0, {"b": None}],
+        "c": "nan",
+    }
