@@ -3,7 +3,7 @@
 A tiny profile (demo data, vocab 512, 64-token rows) and a one-layer model keep each run to a
 few seconds; `NIGHTLAB_MAX_STEPS` makes runs step-based, hence deterministic. Covers the summary
 block, determinism per seed, the time budget, and the failure modes: NaN loss, a non-causal
-model, unprepared data.
+model, unprepared data. The optimizer's numerics are checked in-process against an SVD.
 Run: .venv/bin/python -m pytest -q tests/harness/test_train.py
 """
 
@@ -120,3 +120,39 @@ def test_unprepared_data_exits_1_naming_prepare(lab, tmp_path):
     assert result.returncode == 1
     assert "DataNotPreparedError" in result.stderr and "nightlab prepare" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def definitions():
+    """The template's functions and classes: everything above its `# Setup` banner, run in-process."""
+    source = resources.files("nightlab.targets.gpt").joinpath("train.py").read_text()
+    namespace: dict = {}
+    exec(compile(source.split("\n# Setup\n")[0], "train.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("shape", [(2, 96, 24), (1, 24, 96)])
+def test_polar_express_approximates_the_polar_factor(definitions, shape):
+    import torch
+
+    G = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    X = definitions["orthogonalize"](G, torch.float32)
+    U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+    singular = torch.linalg.svdvals(X)
+    assert 0.8 < singular.min() and singular.max() < 1.2  # ~U V^T: all singular values near 1
+    assert (X - U @ Vh).norm() / (U @ Vh).norm() < 0.15
+
+
+def test_muon_update_keeps_the_orthogonalised_norm(definitions):
+    import torch
+
+    rows, cols = 48, 16
+    g = torch.randn(1, rows, cols, generator=torch.Generator().manual_seed(1))
+    params = torch.zeros(1, rows, cols)
+    second = torch.zeros(1, rows, 1)
+    lr, wd, momentum = torch.tensor(0.1), torch.tensor(0.5), torch.tensor(0.0)
+    definitions["muon_update"](params, g, torch.zeros_like(g), second, lr, wd, momentum, 0.95, torch.float32)
+    # The variance normalisation reshapes the update across rows but keeps its norm; LR grows with sqrt(rows/cols).
+    expected = 0.1 * (rows / cols) ** 0.5 * definitions["orthogonalize"](g, torch.float32).norm()
+    assert params.norm().item() == pytest.approx(expected.item(), rel=1e-4)
+    assert second.min() > 0
