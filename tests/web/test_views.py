@@ -42,3 +42,13 @@ def test_finite_replaces_nan_and_inf_for_browsers():
         "a": [None, 1.0, {"b": None}],
         "c": "nan",
     }
+
+
+def test_host_name():
+    from nightlab.web.app import host_name
+
+    assert host_name("127.0.0.1:8350") == "127.0.0.1"
+    assert host_name("localhost") == "localhost"
+    assert host_name("[::1]:8350") == "::1"
+    assert host_name("[::1]") == "::1"
+    assert host_name("evil.example:80") == "evil.example"

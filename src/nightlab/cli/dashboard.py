@@ -65,7 +65,7 @@ def command(port, host, token, lab_dir) -> None:
 
     from nightlab.web.app import create_app
 
-    hosts = ["127.0.0.1", "localhost", "::1", "[::1]"] if is_loopback(host) else ["*"]
+    hosts = sorted({"127.0.0.1", "localhost", "::1", host}) if is_loopback(host) else ["*"]
     app = create_app(lab, token=token, allowed_hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else shown}:{port}/"

@@ -34,7 +34,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from nightlab.errors import LedgerError, NightlabError, UnknownExperimentError
 from nightlab.web import _views
@@ -171,6 +170,30 @@ class _TokenMiddleware:
         await self.app(scope, receive, send)
 
 
+def host_name(header: str) -> str:
+    """The host of a Host header without its port: `[::1]:8350` -> `::1`, `localhost:8350` -> `localhost`."""
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _HostMiddleware:
+    """400 for a Host header outside `allowed` (Starlette's TrustedHostMiddleware mangles IPv6)."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = host_name(Request(scope).headers.get("host", ""))
+            if host not in self.allowed:
+                response = PlainTextResponse(f"400: host `{host}` is not served here", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(
     lab_dir: Path, *, token: str | None = None, allowed_hosts: list[str] | tuple[str, ...] = ("*",)
 ) -> FastAPI:
@@ -202,7 +225,7 @@ def create_app(
         return response
 
     if list(allowed_hosts) != ["*"]:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+        app.add_middleware(_HostMiddleware, allowed=frozenset(allowed_hosts))
     if token:
         app.add_middleware(_TokenMiddleware, token=token)
 
