@@ -136,3 +136,10 @@ def test_wrong_logit_shapes_are_invalid(model):
     x, _ = batches(1)[0]
     reason = causality_probe(model, x, V)
     assert reason is not None and "must return logits of shape" in reason
+
+
+def test_non_finite_logits_are_left_to_the_metric():
+    x, y = batches(1)[0]
+    nan_model = lambda x: torch.full((*x.shape, V), float("nan"))  # noqa: E731
+    assert causality_probe(nan_model, x, V) is None  # not a leak: the metric reports NaN
+    assert math.isnan(bits_per_byte(nan_model, [(x, y)], torch.ones(V, dtype=torch.int64))[0])

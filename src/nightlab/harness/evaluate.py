@@ -97,6 +97,8 @@ def causality_probe(
     with torch.no_grad(), autocast():
         try:
             reference = _logits(model, x, vocab_size)
+            if not torch.isfinite(reference).all():  # not a causality question: val_bpb will be NaN
+                return None
             for fraction in _PROBE_FRACTIONS:
                 t = min(T - 2, int(fraction * (T - 1)))
                 changed = x.clone()
