@@ -2,7 +2,7 @@
 
 `night_lab` (session, ~10 s) runs real experiments of the synthetic target through the
 real CLI and fleet: a baseline, a better LR (adopted), a crash, one whose description and
-knob value carry HTML/JS, a repeat of the adopted files and a 2 x 2 wave. Then the fleet
+knob value carry HTML/JS, a repeat of the adopted files and a 2 x 2 sweep (`nightlab sweep`). Then the fleet
 is stopped and two running experiments and a queued one are written into the ledger the
 way a controller writes them (lease, log path), with logs that print a training loss.
 Nothing changes the ledger afterwards, so the tests can compare the dashboard with the
@@ -71,15 +71,11 @@ def night_lab(tmp_path_factory: pytest.TempPathFactory) -> NightLab:
     nightlab("wait", "--all", "--timeout", "60", cwd=lab)
     nightlab("adopt", ids["better"], "--force", cwd=lab)
     ids["repeat"] = _submit(lab, "repeat lr 0.02", extra=("--seed", "1"))
-    with Lab.open(lab) as opened:
-        wave = opened.ledger.add_wave(
-            design="full", description="LR x SLEEP", spec={"factors": ["LR", "SLEEP"]}
-        )
-        for i, (lr, sleep) in enumerate(
-            (("0.015", "0.1"), ("0.04", "0.1"), ("0.015", "0.3"), ("0.04", "0.3"))
-        ):
-            [e] = opened.submit(f"wave run {i}", sets={"LR": lr, "SLEEP": sleep}, wave=wave.id)
-            ids[f"wave{i}"] = e.id
+    sweep = json.loads(
+        nightlab("sweep", "LR=0.015,0.04", "SLEEP=0.1,0.3", "-m", "LR x SLEEP", "--json", cwd=lab).stdout
+    )
+    for i, e in enumerate(sweep["experiments"]):
+        ids[f"wave{i}"] = e["id"]
     nightlab("wait", "--all", "--timeout", "60", cwd=lab)
     nightlab("fleet", "stop", cwd=lab)
 
@@ -97,7 +93,7 @@ def night_lab(tmp_path_factory: pytest.TempPathFactory) -> NightLab:
             log.write_text(text)
             ledger.update_attempt(attempt.id, log_path=str(log))
             logs[worker] = log
-    return NightLab(lab, ids, wave.id, logs["cpu-0"])
+    return NightLab(lab, ids, sweep["wave"], logs["cpu-0"])
 
 
 @pytest.fixture(scope="session")

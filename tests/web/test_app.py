@@ -145,20 +145,19 @@ def test_unknown_experiment_and_wave_are_404(client):
     assert client.get("/api/waves/w999").status_code == 404
 
 
-def test_wave_effects(night_lab, client):
+def test_wave_effects_are_the_cli_json(night_lab, client):
     wave = client.get(f"/api/waves/{night_lab.wave}").json()
     assert wave["design"] == "full" and wave["counts"]["done"] == 4
-    fx = wave["effects"]
-    assert fx["factors"] == ["LR", "SLEEP"] and fx["n_runs"] == 4
+    cli = night_lab.cli_json("effects", night_lab.wave)
+    assert wave["effects"] == {**cli, "plot": None}  # the CLI also writes a PNG; the dashboard draws it
+    assert cli["factors"] == ["LR", "SLEEP"] and cli["runs"] == 4
     by_lr: dict[str, list[float]] = {}
     for r in wave["experiments"]:
         by_lr.setdefault(r["params"]["LR"], []).append(r["val_bpb"])
-    expected = (sum(by_lr["0.04"]) / 2 - sum(by_lr["0.015"]) / 2) / 2  # half the high-low difference
-    terms = {t["term"]: t for t in fx["terms"]}
-    assert terms["LR"]["coefficient"] == pytest.approx(expected)
-    assert terms["SLEEP"]["coefficient"] == pytest.approx(0, abs=1e-9)  # SLEEP does not move the metric
-    best_lr = min(by_lr, key=lambda lr: sum(by_lr[lr]))
-    assert fx["predicted_best_values"]["LR"] == best_lr
+    terms = {t["term"]: t for t in cli["terms"]}
+    high_minus_low = sum(by_lr["0.04"]) / 2 - sum(by_lr["0.015"]) / 2
+    assert terms["LR"]["effect"] == pytest.approx(high_minus_low)
+    assert terms["SLEEP"]["effect"] == pytest.approx(0, abs=1e-9)  # SLEEP does not move the metric
     page = client.get(f"/waves/{night_lab.wave}").text
     assert 'id="effects-chart"' in page and "LR x SLEEP" in page
     assert f'href="/waves/{night_lab.wave}"' in client.get("/waves").text

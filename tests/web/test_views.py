@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from nightlab.web._views import _coded_levels, _gpu, counts, finite
+from nightlab.web._views import _gpu, counts, finite
 
 
 def test_gpu_column():
@@ -15,12 +15,6 @@ def test_gpu_column():
     assert _gpu({"accelerators": "H100:1", "infra": "k8s"}, None) == "H100:1"
     assert _gpu({"accelerators": "H100:1"}, {"gpu_name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
     assert _gpu({"threads": 1}, None) is None
-
-
-def test_coded_levels_follow_numeric_order():
-    assert _coded_levels(["0.04", "0.01", "0.02", "0.01"]) == {"0.01": -1.0, "0.02": 0.0, "0.04": 1.0}
-    assert _coded_levels(["'b'", "'a'"]) == {"'a'": -1.0, "'b'": 1.0}
-    assert _coded_levels(["8"]) == {"8": 0.0}
 
 
 def test_counts():

@@ -9,7 +9,7 @@ Every figure comes from the function the CLI uses for the same figure, so a page
   `cli.status.fleet_state` (= `nightlab status --json`);
 - diff and log tail: `snapshots.diff` and `fleet.runner.read_tail` / `clean_lines`
   (as `nightlab show --json`);
-- wave effects: `search.effects.estimate_effects`.
+- wave effects: `waves.wave_effects` + `cli.effects.effects_payload` (= `nightlab effects --json`).
 
 Only what no CLI command reports is computed here: the live loss parsed from a running
 log (`_live`), repeats / promotions / children of an experiment, and the chart series.
@@ -354,76 +354,21 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
     return finite(data)
 
 
-def _coded_levels(values: list[str]) -> dict[str, float]:
-    """Distinct values of one factor -> evenly spaced coded levels in [-1, +1], in value order."""
-    try:
-        ordered = sorted(set(values), key=float)
-    except ValueError:
-        ordered = sorted(set(values))
-    if len(ordered) == 1:
-        return {ordered[0]: 0.0}
-    return {v: -1.0 + 2.0 * i / (len(ordered) - 1) for i, v in enumerate(ordered)}
+def wave_effects(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
+    """`nightlab effects WAVE --json`, without the PNG the CLI writes (`plot` is None).
 
-
-def wave_effects(lab: ReadOnlyLab, spec: dict[str, Any], exps: list[Experiment]) -> dict[str, Any] | None:
-    """Main effects and interactions of a wave's factors (None when the wave has no factors).
-
-    Factors are `spec["factors"]` when the wave recorded them, else the knobs whose value
-    varies across the wave's experiments. A factor's coded level is its rank among the
-    values it takes, spread evenly over [-1, +1] (a two-level factor: -1 / +1), which is
-    how `search.designs` codes runs.
+    A wave without search spaces (noise, promotion) has no factors: then only `message` is set,
+    with the CLI's reason.
     """
-    factors = spec.get("factors")
-    if not (isinstance(factors, list) and factors and all(isinstance(f, str) for f in factors)):
-        keys = sorted({k for e in exps for k in e.params})
-        factors = [k for k in keys if len({e.params.get(k) for e in exps}) > 1]
-    if not factors:
-        return None
-    from nightlab.search.effects import estimate_effects
+    from nightlab.cli.effects import effects_payload
+    from nightlab.errors import UsageError
+    from nightlab.waves import wave_effects as fit
 
-    metric = lab.config.metric.name
-    levels = {f: _coded_levels([e.params[f] for e in exps if f in e.params]) for f in factors}
-    measured = [
-        e for e in exps if e.ok and e.metric(metric) is not None and all(f in e.params for f in factors)
-    ]
-    result = estimate_effects(
-        [{f: levels[f][e.params[f]] for f in factors} for e in measured],
-        [e.metric(metric) for e in measured],
-        factors,
-        lower_is_better=lab.config.metric.lower_is_better,
-        crashed=sum(1 for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok),
-        pending=sum(1 for e in exps if not e.status.is_finished()),
-    )
-    return finite(
-        {
-            "factors": list(result.factors),
-            "levels": levels,
-            "n_runs": result.n_runs,
-            "intercept": result.intercept,
-            "terms": [
-                {
-                    "term": t.term,
-                    "coefficient": t.coefficient,
-                    "effect": t.effect,
-                    "std_error": t.std_error,
-                    "p_value": t.p_value,
-                }
-                for t in result.terms
-            ],
-            "dropped": list(result.dropped),
-            "residual_dof": result.residual_dof,
-            "r_squared": result.r_squared,
-            "predicted_best": result.predicted_best,
-            "predicted_best_values": {
-                f: next((v for v, x in levels[f].items() if x == level), level)
-                for f, level in result.predicted_best.items()
-            },
-            "predicted_metric": result.predicted_metric,
-            "crashed": result.crashed,
-            "pending": result.pending,
-            "message": result.message,
-        }
-    )
+    try:
+        result, values = fit(lab, wave_id)
+    except UsageError as e:
+        return {"message": str(e), "terms": [], "intercept": None}
+    return finite(effects_payload(result, values, lab.config.metric.name, None))
 
 
 def waves(lab: ReadOnlyLab) -> dict[str, Any]:
@@ -452,7 +397,11 @@ def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
         UnknownExperimentError: no such wave.
     """
     w = lab.ledger.wave(wave_id)
-    exps = lab.ledger.experiments(wave=w.id)
+    # members, and the earlier measurements a sweep reused for some of its design points
+    reused = set(w.spec.get("reused", {}).values()) if isinstance(w.spec.get("reused"), dict) else set()
+    members = lab.ledger.experiments(wave=w.id)
+    extra = lab.ledger.experiments(ids=sorted(reused - {e.id for e in members})) if reused else []
+    exps = sorted([*members, *extra], key=lambda e: e.seq)
     metric = lab.config.metric.name
     rows = [
         {
@@ -465,6 +414,8 @@ def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
             "params": e.params,
             metric: e.metric(metric) if e.ok else None,
             "description": e.description,
+            "source": e.source,
+            "reused": e.id in reused,
         }
         for e in exps
     ]
@@ -474,7 +425,7 @@ def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
             "metric": metric,
             "counts": counts(rows),
             "experiments": rows,
-            "effects": wave_effects(lab, w.spec, exps),
+            "effects": wave_effects(lab, w.id),
             "version": lab.version(),
         }
     )
