@@ -71,6 +71,7 @@ RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
 _TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
+_EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
 
 
@@ -513,6 +514,7 @@ class SkyPilotBackend(BaseBackend):
             run.job_id, run.state = int(job_id), "running"
             kill = run.kill_requested
         self._save(run, job_id=int(job_id))
+        self._thread(self._follow, run)
         if kill:
             self._cancel(run)
 
@@ -695,6 +697,29 @@ class SkyPilotBackend(BaseBackend):
                 self._stop.wait(self.retry_delay * 2**i)
         raise AssertionError("unreachable")
 
+    def _follow(self, run: _Run) -> None:
+        """Stream the job's log until the job ends, so its end is seen at once, not at the next poll.
+
+        Anything unclear (an error, a failure without the run script's exit line, which is how
+        a preemption looks) is left to the monitor, which polls the job's status and reads the
+        log again with retries.
+        """
+        out = io.StringIO()
+        try:
+            code = self.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=out)
+        except Exception as e:
+            log.info("log stream of job %s on %s broke: %s", run.job_id, run.cluster.name, e)
+            return
+        text = out.getvalue()
+        status = _EXIT_STATUS.get(code)
+        if status is None or (status == "FAILED" and "exit" not in clean_job_log(text)[1]):
+            return
+        with self._lock:
+            if run.state != "running":
+                return
+            run.state = "fetching"
+        self._finish(run, status, text)
+
     def _fetch(self, run: _Run, status: str) -> None:
         try:
             text = self._read_log(run.cluster.name, run.job_id)
@@ -709,6 +734,10 @@ class SkyPilotBackend(BaseBackend):
                 ),
             )
             return
+        self._finish(run, status, text)
+
+    def _finish(self, run: _Run, status: str, text: str) -> None:
+        """Write the cleaned log where the controller reads it, then report the end."""
         log_text, tags = clean_job_log(text)
         log_text = with_run_keys(log_text, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"))
         tmp = run.spec.log_path.with_suffix(".tmp")

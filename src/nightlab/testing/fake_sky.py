@@ -81,6 +81,7 @@ class FakeJob:
     lines: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     submitted_at: float = field(default_factory=time.time)
+    started_at: float | None = None
     ended_at: float | None = None
 
 
@@ -304,6 +305,8 @@ class FakeSky:
         job = c.jobs.get(job_id if job_id is not None else max(c.jobs))
         if job is None:
             return 102  # JobExitCode.NOT_FOUND
+        while follow and not job.status.is_terminal():
+            time.sleep(0.005)
         text = "├── Waiting for task resources on 1 node.\n└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)\n"
         text += "".join(line + "\n" for line in list(job.lines))
         if job.status.is_terminal():
@@ -492,7 +495,7 @@ class FakeSky:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        job.status = sky.JobStatus.RUNNING
+        job.status, job.started_at = sky.JobStatus.RUNNING, time.time()
         self._maybe_preempt(c, job)
         prefix = f"({job.name}, pid={job.proc.pid}) "
         for raw in job.proc.stdout:
