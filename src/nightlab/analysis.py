@@ -123,6 +123,20 @@ def wave_z(ledger: Ledger, config: LabConfig, head_tree: str, wave: str | None) 
     return adjusted_z(config.search.z, len(trees))
 
 
+def settle_hint(exp: Experiment, decision) -> str:
+    """One line telling how to settle a within-noise result: which repeats to run."""
+    repeats = getattr(decision, "repeats_to_settle", None)
+    if repeats is None:
+        return (
+            f"{exp.id} is within noise and the gain is too small to settle with a few runs; "
+            f"measure the noise floor with `nightlab noise --tier {exp.tier}` or treat it as no gain"
+        )
+    steps = [f'`nightlab submit --from {exp.id} --repeats {repeats.candidate} -m "repeat {exp.id}"`']
+    if repeats.incumbent:
+        steps.append(f"`nightlab noise --repeats {repeats.incumbent} --tier {exp.tier}`")
+    return f"{exp.id} is within noise: settle it with " + " and ".join(steps)
+
+
 def verdict_for(
     ledger: Ledger, config: LabConfig, lab_dir: Path, exp: Experiment, outcome: str, value: float | None
 ) -> str | None:

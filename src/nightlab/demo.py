@@ -136,9 +136,8 @@ def run_demo(
             from nightlab.analysis import decide_tree
 
             decision = decide_tree(lab.ledger, lab.config, lab.path, best.tree, best.tier)
-            n = min(
-                MAX_SETTLE_REPEATS, (decision.repeats_to_settle if decision else None) or MAX_SETTLE_REPEATS
-            )
+            wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
+            n = min(MAX_SETTLE_REPEATS, wanted or MAX_SETTLE_REPEATS)
             say(f"      {best.id} is within the noise: {n} more runs to settle it")
             files, base_commit = lab.files_of(best.id)
             more = lab.submit(

@@ -51,7 +51,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
     Example:
       nightlab results --json | jq '.experiments[] | select(.verdict == "keep") | .id'
     """
-    from nightlab.analysis import decide_tree, results
+    from nightlab.analysis import decide_tree, results, settle_hint
 
     if tier is not None:
         lab.check_tier(tier)
@@ -94,8 +94,4 @@ def command(lab, tier, all_, limit, as_json) -> None:
         if e.verdict == "within-noise" and (e.tree, e.tier) not in seen:
             seen.add((e.tree, e.tier))
             decision = decide_tree(lab.ledger, lab.config, lab.path, e.tree, e.tier)
-            n = getattr(decision, "repeats_to_settle", None) or 2
-            say(
-                f"{e.id} is within noise: settle it with "
-                f'`nightlab submit --from {e.id} --repeats {n} -m "repeat {e.id}"`'
-            )
+            say(settle_hint(e, decision))
