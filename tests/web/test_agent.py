@@ -1,4 +1,4 @@
-"""The agent page reads `.nightlab/agent/` defensively (`nightlab.web._agent`).
+"""The agent page: the supervisor's state (`nightlab agent status --json`) and the transcript tail.
 
 Run: .venv/bin/python -m pytest -q tests/web/test_agent.py
 """
@@ -7,47 +7,64 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 from nightlab.web._agent import TRANSCRIPT_LINES, agent_state
 
 
-def test_no_agent(tmp_path):
-    state = agent_state(tmp_path)
-    assert not state["present"] and not state["running"] and state["transcript_tail"] == []
+def _state(lab, **fields) -> None:
+    agent = lab / ".nightlab" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "state.json").write_text(
+        json.dumps({"pid": 1, "status": "stopped", "agent": "claude", **fields})
+    )
 
 
-def test_state_and_transcript_tail(tmp_path):
-    agent = tmp_path / ".nightlab" / "agent"
-    agent.mkdir(parents=True)
-    (agent / "state.json").write_text(json.dumps({"pid": os.getpid(), "state": "running", "restarts": 2}))
-    (agent / "transcript.jsonl").write_text("".join(f'{{"n": {i}}}\n' for i in range(TRANSCRIPT_LINES + 50)))
+def test_no_agent_probes_nothing(tmp_path):
+    (tmp_path / ".nightlab").mkdir()
     state = agent_state(tmp_path)
-    assert state["present"] and state["running"] and state["pid_alive"]
-    assert state["state"]["restarts"] == 2
+    assert not state["present"] and state["status"] is None and state["transcript_tail"] == []
+    assert not (tmp_path / ".nightlab" / "agent").exists()  # read-only: no lock file, no directory
+
+
+def test_state_is_the_cli_json_and_the_transcript_is_tailed(make_lab):
+    lab = make_lab(slots=1)
+    transcript = lab / ".nightlab" / "agent" / "transcript-3.log"
+    _state(lab, session=3, transcript=str(transcript), experiments_submitted=7)
+    transcript.write_text(
+        "".join(f"line {i}\r\x1b[1mline {i}\x1b[0m\n" for i in range(TRANSCRIPT_LINES + 50))
+    )
+    state = agent_state(lab)
+    cli = subprocess.run(
+        [sys.executable, "-m", "nightlab", "agent", "status", "--json"],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+    )
+    assert state["present"] and state["status"] == json.loads(cli.stdout)
+    assert state["status"]["running"] is False and state["status"]["status"] == "stopped"
+    assert state["transcript_file"] == ".nightlab/agent/transcript-3.log"
     assert len(state["transcript_tail"]) == TRANSCRIPT_LINES
-    assert state["transcript_tail"][-1] == f'{{"n": {TRANSCRIPT_LINES + 49}}}'
+    assert state["transcript_tail"][-1] == f"line {TRANSCRIPT_LINES + 49}"  # \r and ANSI resolved
 
 
-def test_dead_pid_is_not_running(tmp_path):
-    import subprocess
-    import sys
-
+def test_dead_supervisor(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    agent = tmp_path / ".nightlab" / "agent"
-    agent.mkdir(parents=True)
-    (agent / "state.json").write_text(json.dumps({"pid": int(proc.stdout), "state": "running"}))
+    _state(tmp_path, pid=int(proc.stdout), status="running", agent_pid=int(proc.stdout))
     state = agent_state(tmp_path)
-    assert state["present"] and state["pid_alive"] is False and not state["running"]
+    assert state["status"]["status"] == "dead" and not state["status"]["running"]
+    assert state["status"]["agent_alive"] is False
 
 
-def test_half_written_state_does_not_break_the_page(tmp_path):
+def test_broken_state_does_not_break_the_page(tmp_path):
     agent = tmp_path / ".nightlab" / "agent"
     agent.mkdir(parents=True)
     (agent / "state.json").write_text('{"pid": 12')
     state = agent_state(tmp_path)
-    assert state["present"] and state["state"] is None and "state.json" in state["state_error"]
+    assert state["present"] and "state.json" in state["error"]
 
 
 def test_agent_page(make_lab):
@@ -59,9 +76,8 @@ def test_agent_page(make_lab):
     with TestClient(create_app(lab)) as c:
         assert "no agent running" in c.get("/agent").text
         assert c.get("/api/agent").json()["present"] is False
-        agent = lab / ".nightlab" / "agent"
-        agent.mkdir(parents=True)
-        (agent / "state.json").write_text(json.dumps({"state": "running", "pid": os.getpid(), "model": "m1"}))
-        (agent / "transcript.log").write_text("submitted e0001\nwaiting\n")
+        transcript = lab / ".nightlab" / "agent" / "transcript-1.log"
+        _state(lab, session=1, transcript=str(transcript), agent_pid=os.getpid())
+        transcript.write_text("submitted e0001\nwaiting\n")
         html = c.get("/agent").text
-    assert "no agent running" not in html and "submitted e0001" in html and "m1" in html
+    assert "no agent running" not in html and "submitted e0001" in html and "claude" in html

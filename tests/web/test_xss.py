@@ -48,9 +48,9 @@ def test_agent_state_and_transcript_are_escaped(make_lab):
     agent = lab / ".nightlab" / "agent"
     agent.mkdir(parents=True)
     (agent / "state.json").write_text(
-        json.dumps({"state": "running", "idea": "<script>window.__xss=3</script>"})
+        json.dumps({"pid": 1, "status": "stopped", "agent": "<script>window.__xss=3</script>"})
     )
-    (agent / "transcript.log").write_text("thinking\n<img src=x onerror=alert(1)>\n")
+    (agent / "transcript-1.log").write_text("thinking\n<img src=x onerror=alert(1)>\n")
     with TestClient(create_app(lab)) as c:
         html = c.get("/agent").text
     assert "<script>window.__xss" not in html and "<img src=x" not in html
