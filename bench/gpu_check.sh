@@ -44,7 +44,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 import torch
 from nightlab.harness.accel import available_attention, detect, peak_flops
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| hip", torch.version.hip)
-assert torch.cuda.is_available(), "no CUDA device: this script is for GPU machines"
+if torch.version.cuda is None and torch.version.hip is None:
+    raise SystemExit("this torch is a CPU build; install a GPU build of torch==2.13.0 (e.g. from "
+                     "https://download.pytorch.org/whl/) into the venv first")
+assert torch.cuda.is_available(), "no CUDA device visible (check nvidia-smi / CUDA_VISIBLE_DEVICES)"
 name = torch.cuda.get_device_name()
 print("device", name, "| capability", torch.cuda.get_device_capability(), "| peak bf16", peak_flops(name))
 print("attention backends here:", available_attention())
