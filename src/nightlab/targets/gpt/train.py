@@ -59,7 +59,9 @@ SCALAR_LR = 0.5  # AdamW: per-layer residual and x0 scalars
 MATRIX_LR = 0.04  # Muon: every matrix inside the blocks
 ADAM_BETAS = (0.8, 0.95)
 WEIGHT_DECAY = 0.2  # Muon's cautious weight decay, fading to 0 with the schedule
-MUON_MOMENTUM = (0.85, 0.95, 300)  # momentum ramps from [0] to [1] over the first [2] steps
+MUON_MOMENTUM = 0.95  # Muon's Nesterov momentum ...
+MUON_MOMENTUM_START = 0.85  # ... ramped up from this value ...
+MUON_MOMENTUM_RAMP = 300  # ... over this many steps
 
 # Schedule, as fractions of the time budget.
 WARMUP_RATIO = 0.0  # LR ramps up from 0 over this fraction
@@ -335,7 +337,7 @@ def build_optimizers(model, accel):
         list(model.blocks.parameters()),
         lr=MATRIX_LR,
         weight_decay=WEIGHT_DECAY,
-        momentum=MUON_MOMENTUM[0],
+        momentum=MUON_MOMENTUM_START,
         ortho_dtype=accel.dtype,
         compile_fn=accel.compile_fn,
     )
@@ -431,12 +433,12 @@ while True:
         x, y = next(train_iter)
     progress = step / max_steps if max_steps else min(train_time / budget, 1.0)
     lrm = lr_multiplier(progress)
-    ramp = min(step / MUON_MOMENTUM[2], 1.0)
+    ramp = min(step / MUON_MOMENTUM_RAMP, 1.0)
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lrm
     for group in muon.param_groups:
-        group["momentum"] = (1 - ramp) * MUON_MOMENTUM[0] + ramp * MUON_MOMENTUM[1]
+        group["momentum"] = (1 - ramp) * MUON_MOMENTUM_START + ramp * MUON_MOMENTUM
         group["weight_decay"] = WEIGHT_DECAY * (1 - progress)
     for opt in optimizers:
         opt.step()
