@@ -46,3 +46,35 @@ def test_host_name():
     assert host_name("[::1]:8350") == "::1"
     assert host_name("[::1]") == "::1"
     assert host_name("evil.example:80") == "evil.example"
+
+
+def test_version_cache_computes_once_per_version_even_when_asked_at_once():
+    import threading
+    import time
+
+    from nightlab.web._views import VersionCache
+
+    class Lab:
+        def __init__(self, version: str) -> None:
+            self._version = version
+
+        def version(self) -> str:
+            return self._version
+
+    calls: list[str] = []
+
+    def slow(lab: Lab) -> str:
+        calls.append(lab.version())
+        time.sleep(0.05)
+        return f"data@{lab.version()}"
+
+    cache = VersionCache()
+    got: list[str] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get(Lab("v1"), "x", slow))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ["data@v1"] * 4 and calls == ["v1"]
+    assert cache.get(Lab("v2"), "x", slow) == "data@v2" and calls == ["v1", "v2"]
+    assert cache.get(Lab("v2"), "y", slow) == "data@v2" and len(calls) == 3  # names are separate

@@ -63,17 +63,26 @@ class VersionCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[str, Any]] = {}
+        self._flights: dict[str, threading.Lock] = {}
 
     def get(self, lab: ReadOnlyLab, name: str, compute: Callable[[ReadOnlyLab], Any]) -> Any:
         version = lab.version()
         with self._lock:
             hit = self._entries.get(name)
+            flight = self._flights.setdefault(name, threading.Lock())
         if hit is not None and hit[0] == version:
             return hit[1]
-        # computed after reading the version: a change in between only costs a recompute later
-        value = compute(lab)
-        with self._lock:
-            self._entries[name] = (version, value)
+        # one computation per name at a time: the page poll and the chart fetch that follow a
+        # change would otherwise both read the whole ledger (on 2 cores, twice as slow each)
+        with flight:
+            with self._lock:
+                hit = self._entries.get(name)
+            if hit is not None and hit[0] == version:
+                return hit[1]
+            # computed after reading the version: a change in between only costs a recompute later
+            value = compute(lab)
+            with self._lock:
+                self._entries[name] = (version, value)
         return value
 
     def results(self, lab: ReadOnlyLab) -> tuple[dict[str, Any], list[Experiment]]:
