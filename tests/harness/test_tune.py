@@ -136,3 +136,17 @@ def test_tune_runs_the_real_template(tmp_path, monkeypatch):
     knobs = {k.name: k.value for k in list_knobs((lab / "train.py").read_text())}
     assert (knobs["COMPILE"], knobs["ATTENTION"]) == ("off", "sdpa")
     assert knobs["DEVICE_BATCH_SIZE"] == result.best.candidate.device_batch_size
+
+
+def test_hung_candidate_times_out_and_zero_throughput_is_not_ok(lab):
+    source = (lab / "train.py").read_text()
+    hang = source.replace(
+        "ran_compiled =", "import time\nif DEVICE_BATCH_SIZE == 8: time.sleep(60)\nran_compiled ="
+    )
+    (lab / "train.py").write_text(hang.replace("{({2: 3000", "{({2: 0"))
+    result = tune(
+        lab, steps=7, batch_sizes=[2, 4, 8], compiles=["off"], attentions=["sdpa"], timeout=3, progress=False
+    )
+    assert [r.status for r in result.rows] == ["crash", "ok", "timeout"]
+    assert "no timed steps" in result.rows[0].detail
+    assert result.best.candidate.device_batch_size == 4

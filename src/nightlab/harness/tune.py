@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,34 +110,44 @@ def _run_candidate(workdir: Path, source: str, candidate: Candidate, steps: int,
     )
     (workdir / "train.py").write_bytes(variant.encode("utf-8"))
     env = {**os.environ, "NIGHTLAB_MAX_STEPS": str(steps), "NIGHTLAB_SKIP_EVAL": "1"}
+    # A session of its own, so a timeout also ends the compile workers the run started.
+    proc = subprocess.Popen(
+        [sys.executable, "train.py"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            [sys.executable, "train.py"],
-            cwd=workdir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return TuneRow(candidate, "timeout", detail=f"no result within {timeout:g}s")
-    summary = _parse_summary(proc.stdout)
+    summary = _parse_summary(output)
     if proc.returncode != 0 or "tok_per_sec" not in summary:
-        tail = [line for line in proc.stdout.splitlines() if line.strip()]
-        status = "oom" if any(m in proc.stdout for m in _OOM_MARKERS) else "crash"
+        tail = [line for line in output.splitlines() if line.strip()]
+        status = "oom" if any(m in output for m in _OOM_MARKERS) else "crash"
         return TuneRow(candidate, status, detail=tail[-1][:200] if tail else f"exit {proc.returncode}")
     try:
-        return TuneRow(
-            candidate,
-            "ok",
-            tok_per_sec=float(summary["tok_per_sec"]),
-            peak_memory_mb=float(summary.get("peak_vram_mb", "nan")),
-            compiled=summary.get("compile") == "on",
-            attention=summary.get("attention", candidate.attention),
-        )
+        tok_per_sec = float(summary["tok_per_sec"])
+        peak_memory_mb = float(summary.get("peak_vram_mb", "nan"))
     except ValueError:
         return TuneRow(candidate, "crash", detail=f"unreadable summary: {summary}")
+    if tok_per_sec <= 0:
+        return TuneRow(
+            candidate, "crash", detail=f"no timed steps: raise steps `{steps}` above the warmup steps"
+        )
+    return TuneRow(
+        candidate,
+        "ok",
+        tok_per_sec=tok_per_sec,
+        peak_memory_mb=peak_memory_mb,
+        compiled=summary.get("compile") == "on",
+        attention=summary.get("attention", candidate.attention),
+    )
 
 
 def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
