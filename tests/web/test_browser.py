@@ -107,6 +107,22 @@ def test_overview_chart_link_and_live_update(night_lab, client, server, browser_
     assert any(eid in tooltip.inner_text() for eid in ok_ids)
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
 
+    # a change recorded in the ledger reaches the open overview: the fragment is swapped, the
+    # chart (kept in place, not re-created by the swap) redraws, and the page never reloads
+    from nightlab.ledger import open_ledger
+
+    page.evaluate("window.__marker = 'same page'")
+    chart = page.locator("#progress-chart")
+    chart.evaluate("el => { el.__original = true; }")
+    with open_ledger(night_lab.path) as ledger:
+        ledger.log_event("test-touch")  # moves the version; no figure changes
+    page.wait_for_function(
+        "Number(document.getElementById('progress-chart').dataset.draws) >= 2", timeout=15000
+    )
+    assert chart.evaluate("el => el.__original === true")
+    assert page.evaluate("window.__marker") == "same page"
+    assert rows.count() == len(ok_ids)
+
     # --- fleet page updates in place: a new loss line appears without a reload
     page.goto(server + "/fleet")
     assert "2.7500" in page.locator("#workers").inner_text()

@@ -156,6 +156,7 @@
       }
       plot = new uPlot(built[0], built[1], el);
       el.dataset.points = String(built[1][0].length);
+      el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);
     };
     draw();
     document.addEventListener("nightlab:changed", draw);
