@@ -164,3 +164,15 @@ def test_overview_chart_link_and_live_update(night_lab, client, server, browser_
     assert errors == []
     for name in ("overview", "fleet", "experiment", "xss", "wave"):
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        _require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        _require_chromium()
