@@ -143,3 +143,47 @@ def test_non_finite_logits_are_left_to_the_metric():
     nan_model = lambda x: torch.full((*x.shape, V), float("nan"))  # noqa: E731
     assert causality_probe(nan_model, x, V) is None  # not a leak: the metric reports NaN
     assert math.isnan(bits_per_byte(nan_model, [(x, y)], torch.ones(V, dtype=torch.int64))[0])
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from nightlab.harness.data import prepare
+    from nightlab.harness.profiles import Profile
+
+    profile = Profile("test", "demo", vocab_size=300, seq_len=32, budget_seconds=1.0, eval_tokens=1000)
+    return profile, prepare(profile, data_dir=tmp_path_factory.mktemp("data"), progress=False)
+
+
+def test_evaluate_scores_the_profiles_eval_tokens(prepared):
+    from nightlab.harness.evaluate import evaluate
+    from nightlab.harness.loader import val_batches
+    from nightlab.harness.tokenizer import Tokenizer
+
+    profile, data_dir = prepared
+    vocab = Tokenizer.load(data_dir).vocab_size
+    token_bytes = torch.as_tensor(Tokenizer.load(data_dir).token_bytes, dtype=torch.int64)
+    targets = torch.cat([y.reshape(-1) for _, y in val_batches(data_dir, 7, 32, "cpu", 1000)])
+    scored = (token_bytes[targets] > 0).sum().item()
+
+    def uniform(x):
+        return torch.zeros(*x.shape, vocab)
+
+    result = evaluate(uniform, profile, batch_size=7, device="cpu", data_dir=data_dir)
+    assert result.invalid_reason is None
+    assert result.tokens == targets.numel() == 32 * 32  # ceil(1000 / 32) rows of 32, whatever the batch size
+    assert result.val_bpb == pytest.approx(
+        math.log2(vocab) * scored / token_bytes[targets].sum().item(), rel=1e-6
+    )
+
+
+def test_evaluate_reports_a_leak_with_its_score(prepared):
+    from nightlab.harness.evaluate import evaluate
+
+    profile, data_dir = prepared
+
+    def peeks(x):  # bets on the next input token: nearly free predictions (uniform scores ~5.5)
+        return torch.nn.functional.one_hot(x.roll(-1, dims=1), 300).float() * 10
+
+    result = evaluate(peeks, profile, batch_size=8, device="cpu", data_dir=data_dir)
+    assert result.invalid_reason.startswith("model is not causal")
+    assert result.val_bpb is not None and result.val_bpb < 1.0

@@ -19,7 +19,7 @@ that peeks at the future scores an impossible val_bpb; the result carries `inval
 train.py prints it in the summary (`status: invalid`), which the fleet records as `invalid`.
 
 Usage:
-    result = evaluate(model, profile, data_dir, batch_size=32, device="cuda", autocast=accel.autocast)
+    result = evaluate(model, profile, batch_size=32, device="cuda", autocast=accel.autocast)
     result.val_bpb, result.invalid_reason
 """
 
@@ -31,9 +31,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab.errors import NightlabError
+
+if TYPE_CHECKING:
+    from nightlab.harness.profiles import Profile
 
 __all__ = ["EvalResult", "bits_per_byte", "causality_probe", "evaluate"]
 
@@ -166,24 +169,24 @@ def bits_per_byte(
 
 def evaluate(
     model: Callable,
-    data_dir: Path,
+    profile: Profile,
     *,
-    seq_len: int,
-    eval_tokens: int,
     batch_size: int,
     device: str,
     autocast: Callable[[], Any] = contextlib.nullcontext,
+    data_dir: Path | None = None,
 ) -> EvalResult:
     """Probe the model for causality, then score it on the profile's fixed validation tokens.
 
+    The sequence length and the number of eval tokens come from the profile, never from the caller.
+
     Args:
         model: called as `model(x)`, returning logits (B, T, >= vocab_size).
-        data_dir: the prepared data directory (`nightlab.harness.profiles.data_dir(profile)`).
-        seq_len: the profile's sequence length.
-        eval_tokens: the profile's number of eval tokens.
+        profile: the lab's profile (`nightlab.harness.profiles.load_lab_profile()`).
         batch_size: rows per forward pass (memory, not the metric, depends on it).
         device: where the batches go ("cuda", "cpu", ...).
         autocast: returns the precision context to call the model in.
+        data_dir: the prepared data directory; default `profiles.data_dir(profile)`.
 
     Returns:
         An `EvalResult`; `invalid_reason` is set when the model fails the probe or returns logits
@@ -195,12 +198,14 @@ def evaluate(
     import torch
 
     from nightlab.harness.loader import val_batches
+    from nightlab.harness.profiles import data_dir as default_data_dir
     from nightlab.harness.tokenizer import Tokenizer
 
     start = time.perf_counter()
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(profile)
     token_bytes = torch.as_tensor(Tokenizer.load(data_dir).token_bytes, dtype=torch.int64, device=device)
     vocab_size = token_bytes.numel()
-    batches = iter(val_batches(data_dir, batch_size, seq_len, device, eval_tokens))
+    batches = iter(val_batches(data_dir, batch_size, profile.seq_len, device, profile.eval_tokens))
     first = next(batches, None)
     if first is None:
         raise NightlabError(f"no validation batches in `{data_dir}`; re-run `nightlab prepare`")

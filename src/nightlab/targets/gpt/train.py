@@ -475,13 +475,7 @@ while True:
 result = None
 if os.environ.get("NIGHTLAB_SKIP_EVAL") != "1":
     result = evaluate(
-        train_model,
-        data,
-        seq_len=T,
-        eval_tokens=profile.eval_tokens,
-        batch_size=DEVICE_BATCH_SIZE,
-        device=accel.device,
-        autocast=accel.autocast,
+        train_model, profile, batch_size=DEVICE_BATCH_SIZE, device=accel.device, autocast=accel.autocast
     )
     if result.val_bpb is not None and not math.isfinite(result.val_bpb):
         print(f"FAIL: val_bpb is {result.val_bpb} after step {step}")
