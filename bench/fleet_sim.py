@@ -3,8 +3,9 @@
 A 16-worker fleet (12 x H100 on "k8s", 4 x H200 elsewhere, the issue's example) runs
 `--rounds` 5-minute experiments per worker through the real controller and the real
 SkyPilot backend. Only the SDK's network calls are simulated (`nightlab.testing.fake_sky`),
-with realistic latencies: cluster launch 3 min, set-up 2 min, `sky exec` 10 s to the job
-being queued, 0.5 s per API request, job status polled every 5 s. Every duration is
+with realistic latencies: cluster launch 3 min, set-up 2 min, `sky exec` 5 or 10 s to the
+job being queued, 0.5 s per API request, job status polled every 5 s (the end of a job is
+seen at once through its streamed log). Every duration is
 multiplied by `--scale` (0.02: a 5-minute run takes 6 s), including the backend's polling
 interval; the jobs run for real under bash, so Python start-up and thread scheduling are
 *not* compressed, which makes the figures conservative.
@@ -17,7 +18,7 @@ The reference is the public autoresearch 16-GPU run: about 7 experiments per GPU
 of 12 possible (0.58), agent thinking time included.
 
 Usage:
-    .venv/bin/python bench/fleet_sim.py                 # 16 workers, 3 rounds, scale 0.02
+    .venv/bin/python bench/fleet_sim.py                 # 16 workers, 6 rounds, scale 0.02 (~2.5 min)
     .venv/bin/python bench/fleet_sim.py --rounds 2 --scale 0.01
 """
 
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from nightlab.config import load_config
+from nightlab.fleet import skypilot
 from nightlab.fleet.controller import Controller
 from nightlab.fleet.costs import worker_costs
 from nightlab.fleet.skypilot import SkyPilotBackend, fleet_up, skypilot_slots
@@ -93,6 +95,8 @@ def run_fleet(
         root = Path(tmp)
         lab = make_lab(root, scale=scale, startup=startup, h100=h100, h200=h200)
         fake = FakeSky(root / "clusters", scale=scale, exec_seconds=exec_seconds)
+        # the backend's own waits are compressed like the fake's latencies
+        skypilot.STATUS_INTERVAL, skypilot.RETRY_DELAY = STATUS_INTERVAL * scale, 2.0 * scale
         # ---------------------------------------------------------------- fleet up
         t0 = time.time()
         clusters = fleet_up(lab, sdk=fake)
@@ -113,9 +117,7 @@ def run_fleet(
                 )
             ]
         config = load_config(lab / "nightlab.toml")
-        backend = SkyPilotBackend(
-            config, lab_dir=lab, sdk=fake, status_interval=STATUS_INTERVAL * scale, retry_delay=2.0 * scale
-        )
+        backend = SkyPilotBackend(config, lab_dir=lab, sdk=fake)
         slots = [s for p in config.fleet.pools if p.backend == "skypilot" for s in skypilot_slots(p)]
         holder: dict = {}
 
@@ -157,34 +159,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--h100", type=int, default=12, help="H100 workers (clusters)")
     parser.add_argument("--h200", type=int, default=4, help="H200 workers (clusters)")
-    parser.add_argument("--rounds", type=int, default=3, help="5-minute experiments per worker")
+    parser.add_argument("--rounds", type=int, default=6, help="5-minute experiments per worker")
     parser.add_argument("--scale", type=float, default=0.02, help="time compression (0.02: 5 min -> 6 s)")
-    parser.add_argument("--exec-seconds", type=float, default=10.0, help="sky exec latency (uncompressed)")
     args = parser.parse_args()
     n = args.h100 + args.h200
     print(
-        f"{n} workers ({args.h100} H100 + {args.h200} H200), {args.rounds} rounds of 5-minute runs, scale {args.scale}"
+        f"{n} workers ({args.h100} H100 + {args.h200} H200), {args.rounds} rounds of 5-min runs, scale {args.scale}"
     )
-    header = f"{'configuration':<46} {'runs':>5} {'launch+setup':>13} {'efficiency':>10} {'runs/GPU-h':>10} {'overhead/run':>13}"
+    header = (
+        f"{'configuration':<44} {'runs':>5} {'launch+setup':>13} {'efficiency':>10} {'runs/GPU-h':>10} "
+        f"{'overhead/run':>13}"
+    )
     print(header)
     print("-" * len(header))
     print(
-        f"{'public autoresearch, 16 GPUs (reference)':<46} {'-':>5} {'-':>13} {7 / 12:>10.2f} {'7 of 12':>10} {'-':>13}"
+        f"{'public autoresearch, 16 GPUs (reference)':<44} {'-':>5} {'-':>13} {7 / 12:>10.2f} {'7 of 12':>10}"
     )
-    for startup, label in (
-        (0.0, "nightlab fake SkyPilot, target trains at once"),
-        (25.0, "nightlab fake SkyPilot, 25 s start-up+eval/run"),
-    ):
+    configs = (
+        ("nightlab: trains at once, sky exec 5 s", 0.0, 5.0),
+        ("nightlab: trains at once, sky exec 10 s", 0.0, 10.0),
+        ("nightlab: 25 s start-up+eval/run, exec 10 s", 25.0, 10.0),
+    )
+    for label, startup, exec_seconds in configs:
         r = run_fleet(
             scale=args.scale,
             startup=startup,
             h100=args.h100,
             h200=args.h200,
             rounds=args.rounds,
-            exec_seconds=args.exec_seconds,
+            exec_seconds=exec_seconds,
         )
         print(
-            f"{label:<46} {r['runs']:>5} {r['up_minutes']:>10.1f} min {r['efficiency']:>10.3f} "
+            f"{label:<44} {r['runs']:>5} {r['up_minutes']:>9.1f} min {r['efficiency']:>10.3f} "
             f"{r['runs_per_gpu_hour']:>10.2f} {r['overhead_per_run']:>11.1f} s"
             f"   (outcomes {','.join(r['outcomes'])}; {r['wall']:.0f} s wall)"
         )
