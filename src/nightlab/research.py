@@ -29,7 +29,16 @@ from typing import Any
 
 from nightlab.errors import UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
-from nightlab.waves import head_knobs, noise, parse_spaces, promote, submit_wave, wave_points
+from nightlab.waves import (
+    head_knobs,
+    noise,
+    parse_spaces,
+    promote,
+    submit_incumbent,
+    submit_repeats,
+    submit_wave,
+    wave_points,
+)
 
 __all__ = ["SearchPlan", "run_search", "tier_slots"]
 
@@ -51,6 +60,7 @@ class SearchPlan:
         wave_size: proposals per wave.
         top_k: candidates promoted from the screen per wave.
         repeats: runs of each promoted candidate on the validation tier.
+        settle: whether a within-noise best gets the repeats that would settle it (once per wave).
     """
 
     strategy: str
@@ -60,6 +70,7 @@ class SearchPlan:
     wave_size: int
     top_k: int
     repeats: int
+    settle: bool = True
 
     def key(self) -> dict[str, Any]:
         """The identity a resumed search is matched on (sizes may change between runs)."""
@@ -215,7 +226,8 @@ class _LabLoop:
         self.set_state(wave_id, promotion=wave.wave.id)
         return wave.wave.id
 
-    def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
+    def judge(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
+        """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
         from nightlab.analysis import noise_sigma
         from nightlab.search.decide import best_of_wave
 
@@ -224,7 +236,7 @@ class _LabLoop:
         source_wave = (
             lab.ledger.wave(wave_id).spec["search"].get("promotion") if plan.screen_tier else wave_id
         )
-        by_obs = {o.id: o for o in observations}
+        by_obs = {o.id for o in observations}
         trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
             if e.id in by_obs and e.tree != head_tree:
@@ -238,24 +250,55 @@ class _LabLoop:
                         lab.ledger.experiments(tree=tree, tier=plan.tier), self.metric
                     )
         incumbent = _ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
-        picked = None
-        if incumbent:
-            sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier)
-            picked = best_of_wave(
-                candidates,
-                incumbent,
-                noise_sigma=sigma,
-                z=lab.config.search.z,
-                lower_is_better=lab.config.metric.lower_is_better,
-            )
+        if not incumbent:
+            return None
+        sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier)
+        return best_of_wave(
+            candidates,
+            incumbent,
+            noise_sigma=sigma,
+            z=lab.config.search.z,
+            lower_is_better=lab.config.metric.lower_is_better,
+        )
+
+    def settle(self, wave_id: str, rep: str, decision: Any) -> bool:
+        """Run the repeats that would settle a within-noise best, once per wave; False when out of reach."""
+        plan, lab = self.plan, self.lab
+        needed = decision.repeats_to_settle
+        # One round of the validation tier's slots, and at least 4 runs for a single worker.
+        cap = max(tier_slots(lab, plan.tier), 4)
+        if needed is None or needed.candidate + needed.incumbent > cap:
+            return False
+        if lab.ledger.wave(wave_id).spec["search"].get("settled"):
+            return False
+        self.set_state(wave_id, settled=True)
+        self.note(
+            f"{wave_id}: best {rep} is within the noise; {needed.candidate} + {needed.incumbent} runs to settle it"
+        )
+        ids = [e.id for e in submit_repeats(lab, rep, tier=plan.tier, n=needed.candidate, wave=wave_id)]
+        if needed.incumbent:
+            ids += [e.id for e in submit_incumbent(lab, plan.tier, wave_id, needed.incumbent)]
+        self.wait_ids(ids)
+        return True
+
+    def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
+        lab = self.lab
+        picked = self.judge(wave_id, observations)
+        within = picked is not None and picked[1].verdict == "within-noise"
+        if within and self.plan.settle and self.settle(wave_id, *picked):
+            picked = self.judge(wave_id, observations)
         if picked is None:
-            verdict = "no candidate" if incumbent else "incumbent unmeasured"
+            has_incumbent = bool(
+                _ok_values(lab.ledger.experiments(tree=lab.head_tree(), tier=self.plan.tier), self.metric)
+            )
+            verdict = "no candidate" if has_incumbent else "incumbent unmeasured"
             self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
             return None, verdict
         rep, decision = picked
         adopted = rep if decision.verdict == "keep" else None
         self.set_state(wave_id, judged=True, adopted=adopted, verdict=decision.verdict)
-        return (by_obs[rep] if adopted else None), decision.verdict
+        winner = next((o for o in observations if o.id == adopted), None)
+        return winner, decision.verdict
 
     def adopt(self, observation: Any) -> None:
         self.adopt_id(observation.id)
@@ -285,6 +328,7 @@ def run_search(
     repeats: int = 2,
     sampler: str = "tpe",
     seed: int = 0,
+    settle: bool = True,
     poll: float = 0.2,
     on_wave: Callable[[Any], None] | None = None,
     note: Callable[[str], None] = lambda _: None,
@@ -302,6 +346,8 @@ def run_search(
         top_k: candidates promoted per wave (default `[search] promote_top_k`).
         repeats: runs of each promoted candidate on `tier`.
         sampler: `tpe` or `gp` for the optuna strategy.
+        settle: whether the best of a wave that is within the noise gets the repeats that would
+            settle it, once per wave, when they fit in one round of the validation tier (at least 4).
         on_wave: called with each wave's `WaveSummary`.
         note: receives progress lines for people (noise floor, resumed waves).
 
@@ -334,6 +380,7 @@ def run_search(
         wave_size=size,
         top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
         repeats=repeats,
+        settle=settle,
     )
     loop = _LabLoop(lab, plan, dims, poll=poll, note=note)
     loop.finish_adoption()

@@ -46,6 +46,8 @@ __all__ = [
     "promote",
     "promote_wave",
     "refresh_verdicts",
+    "submit_incumbent",
+    "submit_repeats",
     "submit_sweep",
     "submit_wave",
     "wave_effects",
@@ -179,12 +181,14 @@ def _submit_fresh(
     )
 
 
-def _submit_incumbent(lab: Any, tier: str, wave: str, n: int, files: Mapping[str, bytes]) -> list[Experiment]:
-    """Queue `n` runs of the incumbent with unused seeds, ahead of the wave's candidates."""
+def submit_incumbent(
+    lab: Any, tier: str, wave: str, n: int, files: Mapping[str, bytes] | None = None
+) -> list[Experiment]:
+    """Queue `n` runs of the incumbent on `tier` with unused seeds, ahead of the queue, in `wave`."""
     return _submit_fresh(
         lab,
         "re-measure the incumbent",
-        files=files,
+        files=head_files(lab) if files is None else files,
         base="HEAD",
         tree=lab.head_tree(),
         tier=tier,
@@ -195,6 +199,31 @@ def _submit_incumbent(lab: Any, tier: str, wave: str, n: int, files: Mapping[str
     )
 
 
+def submit_repeats(
+    lab: Any, experiment_id: str, *, tier: str, n: int, wave: str, source: str = "settle"
+) -> list[Experiment]:
+    """Queue `n` more runs of an experiment's snapshot on `tier`, with unused seeds, in `wave`."""
+    exp = lab.ledger.get(experiment_id)
+    files, base = lab.files_of(experiment_id)
+    if n < 1:
+        return []
+    out = _submit_fresh(
+        lab,
+        f"repeat {exp.id}: {exp.description}",
+        files=files,
+        base=base,
+        tree=exp.tree,
+        tier=tier,
+        n=n,
+        wave=wave,
+        source=source,
+    )
+    from nightlab.fleet.daemon import ensure_running
+
+    ensure_running(lab.path)
+    return out
+
+
 # --- submitting ------------------------------------------------------------------------------
 
 
@@ -202,10 +231,33 @@ def _describe_run(description: str, run: Mapping[str, str]) -> str:
     return f"{description}: " + " ".join(f"{k}={v}" for k, v in run.items())
 
 
+def _apply(files: Mapping[str, bytes], run: Mapping[str, str]) -> dict[str, bytes]:
+    """The files with the run's knob values written in (each knob in the file that defines it).
+
+    Raises:
+        UsageError: a knob no file defines, or a value that is not a literal.
+    """
+    from nightlab.search.knobs import list_knobs, set_knobs
+
+    out = dict(files)
+    left = dict(run)
+    for name, content in files.items():
+        try:
+            text = content.decode()
+            mine = {k: v for k, v in left.items() if any(kn.name == k for kn in list_knobs(text))}
+        except (UnicodeDecodeError, UsageError):
+            continue
+        if mine:
+            out[name] = set_knobs(text, mine).encode()
+            left = {k: v for k, v in left.items() if k not in mine}
+    if left:
+        raise UsageError(f"unknown knob `{next(iter(left))}`; list the knobs with `nightlab knobs`")
+    return out
+
+
 def _measured_point(lab: Any, run: Mapping[str, str], files: Mapping[str, bytes], tier: str) -> Experiment:
     """The earlier measurement (seed 0) of a design point whose submit was refused as a duplicate."""
-    overrides = dict(files)
-    overrides.update(lab._apply_sets(dict(run), overrides, "HEAD"))
+    overrides = _apply(files, run)
     _, tree = snapshots.create_snapshot(
         lab.path, lab.config.target.editable, overrides=overrides, message="probe", base="HEAD"
     )
@@ -249,6 +301,8 @@ def submit_wave(
         raise UsageError(f"`--repeats` must be at least 1, got `{repeats}`")
     tier = lab.check_tier(tier or lab.config.fleet.default_tier)
     files = head_files(lab)
+    for run in runs:  # a bad point fails here, before the wave is recorded
+        _apply(files, run)
     base = lab.head()
     full_spec = {**(spec or {}), "runs": [dict(r) for r in runs], "repeats": repeats}
     wave = lab.ledger.add_wave(
@@ -256,7 +310,7 @@ def submit_wave(
     )
     queued: list[Experiment] = []
     if _incumbent_stale(lab, tier):
-        queued += _submit_incumbent(lab, tier, wave.id, 1, files)
+        queued += submit_incumbent(lab, tier, wave.id, 1, files)
     reused: dict[int, str] = {}
     for i, run in enumerate(runs):
         try:
@@ -445,7 +499,7 @@ def promote(
     queued: list[Experiment] = []
     incumbent = _incumbent_runs(lab, tier)
     if _incumbent_stale(lab, tier) or len(incumbent) < repeats:
-        queued += _submit_incumbent(lab, tier, wave.id, max(1, repeats - len(incumbent)), head_files(lab))
+        queued += submit_incumbent(lab, tier, wave.id, max(1, repeats - len(incumbent)), head_files(lab))
     promoted: dict[str, list[str]] = {}
     for e in sources:
         files, base = lab.files_of(e.id)

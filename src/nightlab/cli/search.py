@@ -43,10 +43,29 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
     "--sampler", type=click.Choice(["tpe", "gp"]), default="tpe", show_default=True, help="Optuna sampler."
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the strategy.")
+@click.option(
+    "--settle/--no-settle",
+    default=True,
+    show_default=True,
+    help="Whether or not to run the repeats that settle a within-noise best, once per wave.",
+)
 @json_option
 @with_lab
 def command(
-    lab, strategy, spaces, waves, hours, wave_size, tier, screen_tier, top_k, repeats, sampler, seed, as_json
+    lab,
+    strategy,
+    spaces,
+    waves,
+    hours,
+    wave_size,
+    tier,
+    screen_tier,
+    top_k,
+    repeats,
+    sampler,
+    seed,
+    settle,
+    as_json,
 ):
     """Automatic research loop: propose a wave, run it, adopt a significant winner, repeat.
 
@@ -84,6 +103,7 @@ def command(
         repeats=repeats,
         sampler=sampler,
         seed=seed,
+        settle=settle,
         on_wave=on_wave,
         note=say,
     )
