@@ -194,7 +194,7 @@ def test_launch_and_exec_get_real_tasks(sky_lab, fake):
     assert res.accelerators == {"H100": 1}
     assert res.infra.cloud == "Kubernetes"
     assert task.workdir == str(lab.resolve())
-    assert "nightlab prepare" in task.setup and "pip install" in task.setup
+    assert "nightlab.fleet.sky_task prepare" in task.setup and "pip install" in task.setup
     assert task.envs["NIGHTLAB_TIER"] == "h100" and task.envs["NIGHTLAB_BUILTIN"] == "0"
     (launch_call,) = [c for c in fake.calls if c[0] == "launch" and c[1][0] == cluster]
     assert launch_call[2] == {"idle_minutes_to_autostop": 60, "down": True}  # k8s: autodown
@@ -493,3 +493,14 @@ def test_fleet_up_without_a_skypilot_pool_is_a_usage_error(make_lab, fake, capsy
     lab = make_lab(1)
     code, _, err = cli(capsys, "fleet", "up", "--lab", str(lab))
     assert code == 2 and 'backend = "skypilot"' in err
+
+
+def test_another_skypilot_series_is_refused(monkeypatch):
+    import sky
+
+    from nightlab.errors import UsageError
+    from nightlab.fleet import sky_task
+
+    monkeypatch.setattr(sky, "__version__", "0.15.0")
+    with pytest.raises(UsageError, match="found `0.15.0`"):
+        sky_task._sky()

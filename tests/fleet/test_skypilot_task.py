@@ -169,3 +169,21 @@ def test_a_payload_over_the_limit_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(sky_task, "PAYLOAD_LIMIT", 32 * 1024)
     with pytest.raises(NightlabError, match="git rm --cached"):
         sky_task.payload_envs(lab, commit)
+
+
+def test_prepare_worker_uses_the_lab_profile_without_a_ledger(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import nightlab.config as config
+    import nightlab.harness.data as data
+    from nightlab.harness.profiles import get_profile
+
+    profiles = {"foreign": None, "builtin": get_profile("cpu").to_dict()}
+    monkeypatch.setattr(
+        config, "load_config", lambda path: SimpleNamespace(profile=profiles[path.parent.name])
+    )
+    seen = []
+    monkeypatch.setattr(data, "prepare", lambda profile, progress: seen.append(profile) or tmp_path / "data")
+    assert sky_task.prepare_worker(tmp_path / "foreign") is None  # a foreign target prepares its own data
+    assert sky_task.prepare_worker(tmp_path / "builtin") == tmp_path / "data"
+    assert seen == [get_profile("cpu")]

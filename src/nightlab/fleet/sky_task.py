@@ -80,7 +80,9 @@ setup: |
   if [ -f requirements.txt ]; then pip install -q -r requirements.txt; fi
   # The data, tokenizer and validation shard the lab measures with, built from the lab's
   # profile; every result's data fingerprint is checked against the lab's.
-  if [ "$NIGHTLAB_BUILTIN" = 1 ]; then nightlab prepare; elif [ -f prepare.py ]; then python prepare.py; fi
+  # (the synced lab has no ledger, so this reads nightlab.toml alone)
+  if [ "$NIGHTLAB_BUILTIN" = 1 ]; then python -m nightlab.fleet.sky_task prepare;
+  elif [ -f prepare.py ]; then python prepare.py; fi
 
 run: |
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/nightlab-gpu: /'
@@ -112,7 +114,11 @@ exit $code
 """
 
 
+SKYPILOT_SERIES = "0.14."  # the SDK signatures this module is written against
+
+
 def _sky():
+    """The `sky` module, refused clearly when missing or of another release series."""
     try:
         import sky
     except ImportError as e:
@@ -120,6 +126,12 @@ def _sky():
             'a [[fleet.pool]] uses `backend = "skypilot"` but SkyPilot is not installed; '
             "run `pip install 'nightlab[skypilot]'`"
         ) from e
+    version = getattr(sky, "__version__", "?")
+    if not version.startswith(SKYPILOT_SERIES):
+        raise UsageError(
+            f"nightlab's SkyPilot backend is written for skypilot {SKYPILOT_SERIES}x, found `{version}`; "
+            "run `pip install 'nightlab[skypilot]'` (skypilot>=0.14,<0.15)"
+        )
     return sky
 
 
@@ -270,3 +282,34 @@ def with_run_keys(log_text: str, *, tier: str, gpu: str | None) -> str:
         return log_text
     extra = f"tier: {tier}\n" + (f"gpu_name: {gpu}\n" if gpu and gpu != "none" else "")
     return log_text + ("" if log_text.endswith("\n") else "\n") + extra
+
+
+# ---------------------------------------------------------------------------- on the worker
+
+
+def prepare_worker(lab_dir: Path) -> Path | None:
+    """Prepare the lab's data on a worker cluster from its `nightlab.toml` alone.
+
+    The lab synced to a cluster has no `.nightlab/` (it is git-ignored), so `nightlab
+    prepare` cannot open it there; set-up calls this instead. The data directory is keyed
+    by the profile's fingerprint, the same one the controller checks on every result.
+
+    Returns:
+        The data directory, or None for a foreign target (which prepares its own data).
+    """
+    from nightlab.config import load_config
+    from nightlab.harness.data import prepare
+    from nightlab.harness.profiles import Profile
+
+    config = load_config(lab_dir / "nightlab.toml")
+    if not config.profile:
+        return None
+    return prepare(Profile.from_dict(config.profile), progress=False)
+
+
+if __name__ == "__main__":  # `python -m nightlab.fleet.sky_task prepare`, run by the worker's set-up
+    import sys
+
+    if sys.argv[1:] != ["prepare"]:
+        sys.exit("usage: python -m nightlab.fleet.sky_task prepare")
+    print(prepare_worker(Path.cwd()) or "foreign target: nothing to prepare")
