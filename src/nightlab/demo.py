@@ -32,7 +32,8 @@ class DemoResult:
     lab: Path
     baseline: float
     best_id: str | None
-    best: float | None
+    best: float | None  # mean of the best variant's runs
+    best_runs: int
     verdict: str | None
     adopted: bool
     files: list[Path]
@@ -72,6 +73,7 @@ def run_demo(
         force: replace `directory` even if `nightlab demo` did not create it.
         say: where progress lines go.
     """
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from nightlab import waves
@@ -103,6 +105,7 @@ def run_demo(
                 TextColumn("{task.fields[running]} running"),
                 TimeElapsedColumn(),
                 transient=False,
+                console=Console(stderr=True),  # stdout carries data (--json)
             ) as bar:
                 task = bar.add_task(label, total=len(ids), running=0)
 
@@ -156,12 +159,17 @@ def run_demo(
 
         say("[6/6] writing the report")
         files = write_report(lab.ledger, lab.config, lab.path, wide=True)
-        best_value = best.metric(metric) if best is not None else None
+        best_fig = None
+        if best is not None:
+            from nightlab.analysis import figure, ok_values
+
+            best_fig = figure(ok_values(lab.ledger.experiments(tree=best.tree, tier=best.tier), metric))
         return DemoResult(
             lab=directory,
             baseline=baseline,
             best_id=best.id if best else None,
-            best=best_value,
+            best=best_fig.mean if best_fig else None,
+            best_runs=best_fig.n if best_fig else 0,
             verdict=best.verdict if best else None,
             adopted=adopted,
             files=files,

@@ -66,9 +66,15 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False) -> str
     return "\n".join(lines) + "\n"
 
 
+def _kept_at(runs: list[Experiment]) -> int:
+    """Where a kept snapshot enters the chart: its adopted run, else (the baseline) its first run."""
+    adopted = [r.seq for r in runs if r.adopted_at is not None]
+    return min(adopted) if adopted else min(r.seq for r in runs)
+
+
 def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
-    """Every ok experiment as a dot in submission order, kept ones highlighted and labelled,
-    the running best of kept ones as a step line; one panel per tier."""
+    """Every ok experiment as a dot in submission order, kept ones highlighted, the incumbent's
+    figure as a step line labelled with each kept change; one panel per tier."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,31 +103,39 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
             label="kept",
             zorder=3,
         )
-        best, step_x, step_y = None, [], []
+        # The step line is the incumbent's figure: the mean of every run of a kept snapshot, from
+        # the run where it was kept on. A single lucky seed must not look like progress.
+        snapshots: dict[str, list[Experiment]] = {}
         for e in kept:
-            v = e.metric(metric)
-            best = v if best is None else better(best, v)
-            step_x.append(e.seq)
+            snapshots.setdefault(e.tree, []).append(e)
+        best, step_x, step_y = None, [], []
+        for runs in sorted(snapshots.values(), key=lambda rs: _kept_at(rs)):
+            mean = sum(r.metric(metric) for r in runs) / len(runs)
+            best = mean if best is None else better(best, mean)
+            step_x.append(_kept_at(runs))
             step_y.append(best)
+            first = runs[0]
+            ax.annotate(
+                "baseline" if first.verdict == "baseline" else first.description[:40],
+                (step_x[-1], mean),
+                fontsize=7,
+                rotation=20,
+                xytext=(4, 6),
+                textcoords="offset points",
+                color="#1d6b34",
+            )
         if step_x:
             step_x.append(max(xs))
             step_y.append(step_y[-1])
             ax.step(
-                step_x, step_y, where="post", color="#2a9d4b", linewidth=1.5, label="running best", zorder=1
+                step_x,
+                step_y,
+                where="post",
+                color="#2a9d4b",
+                linewidth=1.5,
+                label="incumbent (mean)",
+                zorder=1,
             )
-        labelled = set()
-        for e in kept:
-            if e.tree not in labelled:
-                labelled.add(e.tree)
-                ax.annotate(
-                    e.description[:40],
-                    (e.seq, e.metric(metric)),
-                    fontsize=7,
-                    rotation=20,
-                    xytext=(4, 6),
-                    textcoords="offset points",
-                    color="#1d6b34",
-                )
         ax.set_title(f"tier {tier}: {len(mine)} ok runs, {len({e.tree for e in kept})} kept snapshots")
         ax.set_xlabel("experiment #")
         ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")

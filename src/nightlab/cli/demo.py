@@ -40,6 +40,8 @@ def command(directory, slots, spaces, budget, force, as_json) -> None:
     Example:
       nightlab demo --json | jq .verdict
     """
+    from dataclasses import asdict
+
     from nightlab.demo import DEFAULT_SPACES, run_demo
 
     result = run_demo(
@@ -47,29 +49,20 @@ def command(directory, slots, spaces, budget, force, as_json) -> None:
     )
     if as_json:
         emit_json(
-            {
-                "lab": str(result.lab),
-                "baseline": result.baseline,
-                "best_id": result.best_id,
-                "best": result.best,
-                "verdict": result.verdict,
-                "adopted": result.adopted,
-                "files": [str(f) for f in result.files],
-                "seconds": result.seconds,
-            }
+            {k: str(v) if k == "lab" else v for k, v in asdict(result).items()}
+            | {"files": [str(f) for f in result.files]}
         )
         return
     say("")
     if result.adopted:
-        delta = result.best - result.baseline
         say(
-            f"found a real improvement: {result.best_id} {result.best:.4f} vs baseline {result.baseline:.4f} "
-            f"({delta:+.4f}), adopted as the new incumbent"
+            f"found a real improvement: {result.best_id} averaged {result.best:.4f} over {result.best_runs} run(s) "
+            f"vs baseline {result.baseline:.4f} ({result.best - result.baseline:+.4f}); adopted as the incumbent"
         )
     elif result.best_id:
         say(
-            f"no variant beat the noise: best {result.best_id} {result.best:.4f} ({result.verdict}) "
-            f"vs baseline {result.baseline:.4f}; the baseline stays"
+            f"no variant beat the noise: the best, {result.best_id}, averaged {result.best:.4f} over "
+            f"{result.best_runs} run(s) (`{result.verdict}`) vs baseline {result.baseline:.4f}; the baseline stays"
         )
     say(f"done in {result.seconds / 60:.1f} min. The lab: {result.lab}")
     for f in result.files:
