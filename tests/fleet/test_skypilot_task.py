@@ -15,6 +15,7 @@ import pytest
 
 sky = pytest.importorskip("sky")
 
+from nightlab import __version__  # noqa: E402
 from nightlab.config import PoolConfig  # noqa: E402
 from nightlab.errors import NightlabError, UsageError  # noqa: E402
 from nightlab.fleet import sky_task  # noqa: E402
@@ -74,8 +75,8 @@ def test_cluster_task_reads_the_editable_yaml(tmp_path):
     lab = tmp_path / "lab"
     lab.mkdir()
     path = sky_task.worker_yaml(lab)
-    assert path.read_text() == sky_task.WORKER_YAML
-    path.write_text(sky_task.WORKER_YAML.replace("disk_size: 100", "disk_size: 256\n  use_spot: false"))
+    assert "NIGHTLAB_PIP_SPEC: nightlab==" in path.read_text() and "{version}" not in path.read_text()
+    path.write_text(path.read_text().replace("disk_size: 100", "disk_size: 256\n  use_spot: false"))
     spot = PoolConfig(
         backend="skypilot", tier="h100", slots=1, options={"accelerators": "H100:8", "use_spot": True}
     )
@@ -84,7 +85,9 @@ def test_cluster_task_reads_the_editable_yaml(tmp_path):
     assert (res.accelerators, res.use_spot, res.disk_size) == ({"H100": 8}, True, 256)
     assert task.name == "nl-abc123-h100-sky-0"
     assert task.workdir == str(lab.resolve())
-    assert task.envs["NIGHTLAB_BUILTIN"] == "1" and task.envs["NIGHTLAB_PIP_SPEC"] == "nightlab"
+    assert (
+        task.envs["NIGHTLAB_BUILTIN"] == "1" and task.envs["NIGHTLAB_PIP_SPEC"] == f"nightlab=={__version__}"
+    )
     assert "nightlab-gpu:" in task.run
 
 

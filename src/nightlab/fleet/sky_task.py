@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nightlab import __version__
 from nightlab.config import PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import RunSpec
@@ -68,7 +69,8 @@ resources:
 workdir: .
 
 envs:
-  NIGHTLAB_PIP_SPEC: nightlab  # what `pip install` gets; e.g. nightlab==0.1.0 or a git URL
+  # what `pip install` gets: the controller's own version by default; or a git URL, a wheel
+  NIGHTLAB_PIP_SPEC: nightlab=={version}
   NIGHTLAB_VENV: ~/nightlab-venv
 
 setup: |
@@ -152,7 +154,7 @@ def worker_yaml(lab_dir: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         # launches run on several threads: the file must appear whole or not at all
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(WORKER_YAML)
+        tmp.write_text(WORKER_YAML.replace("{version}", __version__))
         os.replace(tmp, path)
     return path
 

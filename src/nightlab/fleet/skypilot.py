@@ -356,7 +356,8 @@ class SkyPilotBackend(BaseBackend):
     def _check_clusters(self, clusters: list[_Cluster]) -> None:
         """Ask SkyPilot which of the clusters are up (one request for all)."""
         try:
-            records = self.sdk.get(self.sdk.status(cluster_names=[c.name for c in clusters]))
+            refresh = _sky().StatusRefreshMode.AUTO  # refreshes clusters with autostop or spot
+            records = self.sdk.get(self.sdk.status(cluster_names=[c.name for c in clusters], refresh=refresh))
         except Exception as e:
             log.warning("sky status failed: %s", e)
             records = []
@@ -466,7 +467,8 @@ class SkyPilotBackend(BaseBackend):
 
     def _cluster_is_up(self, cluster: _Cluster) -> bool | None:
         try:
-            records = self.sdk.get(self.sdk.status(cluster_names=[cluster.name]))
+            refresh = _sky().StatusRefreshMode.FORCE  # ask the cloud: is it really gone?
+            records = self.sdk.get(self.sdk.status(cluster_names=[cluster.name], refresh=refresh))
         except Exception:
             return None  # cannot tell
         return any(
