@@ -29,6 +29,10 @@ def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
     [line] = proc.stdout.splitlines()
     assert line.startswith("wave 1 w002: 1/1 runs, best val_bpb") and line.endswith("within-noise")
     assert knob(lab, "LR") == "0.01"
+    # the within-noise best got the 3 repeats that would have settled it; the gain did not hold
+    assert "w002: best e0004 is within the noise; 3 + 0 runs to settle it" in proc.stderr
+    runs = json.loads(nightlab("waves", "w002", "--json", cwd=lab).stdout)["experiments"]
+    assert sorted(e["seed"] for e in runs if e["source"] == "settle") == [1, 2, 3]
     # a real gain: adopted, and the next wave is centred on it
     proc = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "2", cwd=lab)
     first, second = proc.stdout.splitlines()
