@@ -497,8 +497,21 @@ class Ledger:
         if where:
             sql += " WHERE " + " AND ".join(where)
         rows = self._query(sql + " ORDER BY seq", args)
-        metrics = self.metrics_for([r["id"] for r in rows]) if with_metrics and rows else {}
+        if not with_metrics or not rows:
+            metrics: dict[str, dict[str, Any]] = {}
+        elif not where:
+            metrics = self._all_metrics()  # one scan beats thousands of bound ids
+        else:
+            metrics = self.metrics_for([r["id"] for r in rows])
         return [_to_experiment(r, metrics.get(r["id"], {})) for r in rows]
+
+    def _all_metrics(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for eid, key, value, text in self._conn.execute(
+            "SELECT experiment_id, key, value, text FROM metrics"
+        ):
+            out.setdefault(eid, {})[key] = value if value is not None else text
+        return out
 
     def metrics_for(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
