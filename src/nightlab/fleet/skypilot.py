@@ -15,15 +15,18 @@ is where `fleet status` and the cost report read them.
 
 Life of an attempt: `launch` queues the attempt and returns at once; a thread waits for
 the cluster to be up and submits `sky.exec` with the snapshot inside the job (see
-`sky_task.py`); one monitor thread polls `sky.job_status` for every running job, and when
-one ends a thread reads its log with `sky.tail_logs`. `poll` only reads that cached state,
-so no network call ever blocks the controller's loop. A controller that restarts finds
-its jobs again by the id saved in `run_dir/sky.json`, or by job name.
+`sky_task.py`); a thread per job streams its log (`sky.tail_logs(follow=True)`), which
+returns the moment the job ends; one monitor thread polls `sky.job_status` of every running
+job, which catches preemptions and broken streams, and then reads the log again with
+retries. `poll` only reads that cached state, so no network call ever blocks the
+controller's loop. A controller that restarts finds its jobs again by the id saved in
+`run_dir/sky.json`, or by job name.
 
 Failure mapping (the runner's classes):
 
     setup fails (FAILED_SETUP)         worker out of service (`cluster-failed`), not retried
-                                       until `nightlab fleet up`; no experiment is charged
+                                       before `nightlab fleet up` or the next controller;
+                                       no experiment is charged
     job fails with a traceback         crash:<class> from the log, like a local run
     cluster no longer up / preempted   infra: the experiment is requeued on another worker,
                                        and the cluster is relaunched when work needs it
