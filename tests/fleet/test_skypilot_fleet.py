@@ -504,3 +504,23 @@ def test_another_skypilot_series_is_refused(monkeypatch):
     monkeypatch.setattr(sky, "__version__", "0.15.0")
     with pytest.raises(UsageError, match="found `0.15.0`"):
         sky_task._sky()
+
+
+def test_a_restarted_controller_finds_a_job_by_name_and_can_kill_it(sky_lab, fake):
+    lab = sky_lab()
+    first = _backend(lab, fake)
+    slot = _slot(first, "h200-sky-1")
+    eid = submit(lab, "hangs", "h200", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = first.launch(slot, spec)
+    wait_until(lambda: first._runs[f"{eid}/1"].state == "running", timeout=10)
+    first.close()
+    (spec.run_dir / "sky.json").unlink()  # died between `sky exec` and learning the job id
+    second = _backend(lab, fake)
+    assert second.poll(slot, spec, handle) is None
+    wait_until(lambda: second._runs[f"{eid}/1"].job_id is not None, timeout=10)
+    second.kill(slot, spec, handle)
+    ended = _wait_exit(second, slot, spec, handle)
+    assert ended.exit_code is None and not ended.lost
+    assert fake.count("queue") == 1 and fake.count("cancel") == 1
+    second.close()

@@ -246,9 +246,6 @@ class SkyPilotBackend(BaseBackend):
 
     # ------------------------------------------------------------------ fleet up / down
 
-    def workers(self) -> list[str]:
-        return list(self.pools)
-
     def up(self, *, relaunch: bool = False, on_change: Any = None) -> list[dict[str, Any]]:
         """Launch every worker's cluster (those already up are kept unless `relaunch`) and wait.
 
@@ -515,10 +512,14 @@ class SkyPilotBackend(BaseBackend):
         else:
             self._end(run, RunExit(None, lost=True, detail=f"cluster `{cluster.name}` went down twice"))
             return
+        self._running(run, int(job_id))
+
+    def _running(self, run: _Run, job_id: int) -> None:
+        """The run's job exists: record its id, stream its log, and cancel it if a kill came first."""
         with self._lock:
-            run.job_id, run.state = int(job_id), "running"
+            run.job_id, run.state = job_id, "running"
             kill = run.kill_requested
-        self._save(run, job_id=int(job_id))
+        self._save(run, job_id=job_id)
         self._thread(self._follow, run)
         if kill:
             self._cancel(run)
@@ -562,10 +563,10 @@ class SkyPilotBackend(BaseBackend):
             if existing is not None:
                 return existing
             self._runs[run.key] = run
-            if saved.get("job_id") is not None:
-                run.job_id, run.state = int(saved["job_id"]), "running"
         self._start()
-        if run.job_id is None:
+        if saved.get("job_id") is not None:
+            self._running(run, int(saved["job_id"]))
+        else:
             self._thread(self._find_job, run)
         return run
 
@@ -586,9 +587,7 @@ class SkyPilotBackend(BaseBackend):
                 run, RunExit(None, lost=True, detail=f"no job `{name}` on cluster `{run.cluster.name}`")
             )
             return
-        with self._lock:
-            run.job_id, run.state = int(max(ids)), "running"
-        self._save(run, job_id=run.job_id)
+        self._running(run, int(max(ids)))
 
     def _save(self, run: _Run, **data: Any) -> None:
         path = run.spec.run_dir / "sky.json"
