@@ -7,6 +7,29 @@ from nightlab.cli._common import console, emit_json, json_option, with_lab
 TAIL_LINES = 30
 
 
+def show_payload(lab, experiment_id: str, *, tail_lines: int = TAIL_LINES, diff: bool = True) -> dict:
+    """One experiment as `nightlab show --json` prints it (the dashboard shows the same)."""
+    from pathlib import Path
+
+    from nightlab import snapshots
+    from nightlab.errors import SnapshotError
+    from nightlab.fleet.runner import clean_lines, read_tail
+
+    e = lab.ledger.get(experiment_id)
+    attempts = lab.ledger.attempts(e.id)
+    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
+    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
+    while tail and not tail[-1].strip():
+        tail.pop()
+    try:
+        text = snapshots.diff(lab.path, e.parent, e.snapshot) if diff else ""
+    except SnapshotError as err:
+        text = f"(diff unavailable: {err})"
+    data = e.to_dict()
+    data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
+    return data
+
+
 @click.command("show")
 @click.argument("experiment_id")
 @click.option(
@@ -22,28 +45,12 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     Example:
       nightlab show e0002 --json | jq .metrics
     """
-    from pathlib import Path
-
-    from nightlab import snapshots
-    from nightlab.fleet.runner import clean_lines, read_tail
-
-    e = lab.ledger.get(experiment_id)
-    attempts = lab.ledger.attempts(e.id)
-    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
-    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
-    while tail and not tail[-1].strip():
-        tail.pop()
-    from nightlab.errors import SnapshotError
-
-    try:
-        diff = "" if no_diff else snapshots.diff(lab.path, e.parent, e.snapshot)
-    except SnapshotError as err:
-        diff = f"(diff unavailable: {err})"
+    data = show_payload(lab, experiment_id, tail_lines=tail_lines, diff=not no_diff)
     if as_json:
-        data = e.to_dict()
-        data.update(attempts=[a.to_dict() for a in attempts], diff=diff, log_tail=tail, log_path=log_path)
         emit_json(data)
         return
+    e = lab.ledger.get(experiment_id)
+    diff, tail, log_path = data["diff"], data["log_tail"], data["log_path"]
     out = console()
     out.print(f"{e.id}  {e.description}")
     out.print(f"  status {e.status.label}, outcome {e.outcome or '-'}, verdict {e.verdict or '-'}")

@@ -21,7 +21,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from nightlab.ledger import Experiment, ExperimentStatus
@@ -302,22 +301,10 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
     Raises:
         UnknownExperimentError: no such experiment.
     """
-    from nightlab import snapshots
-    from nightlab.errors import SnapshotError
-    from nightlab.fleet.runner import clean_lines, read_tail
+    from nightlab.cli.show import show_payload
 
+    data = show_payload(lab, experiment_id, tail_lines=tail_lines)
     e = lab.ledger.get(experiment_id)
-    attempts = lab.ledger.attempts(e.id)
-    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
-    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
-    while tail and not tail[-1].strip():
-        tail.pop()
-    try:
-        diff = snapshots.diff(lab.path, e.parent, e.snapshot)
-    except SnapshotError as err:
-        diff = f"(diff unavailable: {err})"
-    data = e.to_dict()
-    data.update(attempts=[a.to_dict() for a in attempts], diff=diff, log_tail=tail, log_path=log_path)
 
     # relatives by indexed or targeted queries: a full scan costs ~0.2 s at 5,000 experiments
     line = _commit_trees(lab)
@@ -357,8 +344,8 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
         "children": [brief(x) for x in children],
     }
     data["live"] = None
-    if e.status == ExperimentStatus.RUNNING and attempts:
-        live = log_progress(attempts[-1].log_path)
+    if e.status == ExperimentStatus.RUNNING and data["log_path"]:
+        live = log_progress(data["log_path"])
         data["live"] = {"loss": live.loss, "percent": live.percent, "line": live.line}
     return finite(data)
 
