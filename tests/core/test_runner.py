@@ -44,6 +44,7 @@ def test_no_summary():
         (143, "step 1\n", "infra"),
         (139, "step 1\n", "crash:exception"),
         (3, "step 1\n", "crash:exception"),
+        (1, "loading\nDataNotPreparedError: run `nightlab prepare`\n", "crash:exception"),
         (0, "---\nval_bpb: 1.0\ninvalid_reason: model is not causal\n", "invalid"),
     ],
 )

@@ -33,6 +33,7 @@ KEEP_LOG_BYTES = 8 * 1024 * 1024
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _KEY_VALUE = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*:\s*(.*?)\s*$")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): \S")
 _OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|HIP out of memory|MPS backend out of memory|MemoryError"
 )
@@ -126,11 +127,13 @@ def _last_exception(lines: list[str]) -> str | None:
     """The final `Type: message` line of the last traceback in the lines, if any."""
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
     if not starts:
-        # a SyntaxError in the main script prints no "Traceback" header
+        # a SyntaxError in the main script prints no "Traceback" header, and a target may
+        # report its own error as one `SomethingError: message` line before exiting
         for line in reversed(lines):
             if line.startswith(("SyntaxError", "IndentationError", "TabError")):
                 return line.strip()
-        return None
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        return last if _ERROR_LINE.match(last) else None
     found = None
     for line in lines[starts[-1] + 1 :]:
         if line and not line[0].isspace() and _EXCEPTION_LINE.match(line.rstrip()):
