@@ -142,3 +142,14 @@ def test_hourly_price_from_the_handle_or_the_pool():
     assert costs.hourly_price(handle) == 8.0
     assert costs.hourly_price(handle, override=1.5) == 1.5
     assert costs.hourly_price(SimpleNamespace()) is None  # e.g. Kubernetes: no catalog price
+
+
+def test_a_cluster_whose_setup_failed_bills_until_autostop(tmp_path):
+    with Ledger(tmp_path / "l.db", create=True) as led:
+        _event(led, 0, "cluster-launch", "w0", cluster="nl-w0")
+        _event(led, 300, "cluster-failed", "w0", cluster="nl-w0", provisioned=True)
+        _event(led, 1000, "cluster-launch", "w1", cluster="nl-w1")
+        _event(led, 1001, "cluster-failed", "w1", cluster="nl-w1", provisioned=False)  # nothing came up
+        w0, w1 = costs.worker_costs(led, until=T0 + 5000)
+    assert (w0.state, w0.held_seconds) == ("failed", 300 + 600)  # idle from 300, default autostop 10 min
+    assert (w1.state, w1.held_seconds) == ("failed", 1)

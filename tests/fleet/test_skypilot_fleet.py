@@ -524,3 +524,17 @@ def test_a_restarted_controller_finds_a_job_by_name_and_can_kill_it(sky_lab, fak
     assert ended.exit_code is None and not ended.lost
     assert fake.count("queue") == 1 and fake.count("cancel") == 1
     second.close()
+
+
+def test_a_broken_worker_yaml_fails_the_launch_without_retries(sky_lab, fake):
+    lab = sky_lab()
+    (lab / "fleet").mkdir()
+    (lab / "fleet" / "skypilot.yaml").write_text("resources: [unclosed\n")
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-0")
+    # the controller asks on every turn while work is queued
+    wait_until(lambda: backend.available(slot) or events(lab, "cluster-failed"), timeout=10)
+    (failed,) = events(lab, "cluster-failed")
+    assert "is not valid YAML" in failed.data["detail"] and failed.data["provisioned"] is False
+    assert backend._cluster(slot.name).retry_at == float("inf") and fake.count("launch") == 0
+    backend.close()

@@ -106,12 +106,14 @@ def worker_costs(
     open_since: dict[str, float] = {}
     launch_at: dict[str, float] = {}
     autostop: dict[str, float] = {}  # seconds after the last activity when a cluster stops itself
+    activity: dict[str, float] = {}
     for e in events:
         w = workers.setdefault(
             e.worker or "?", WorkerCost(e.worker or "?", e.data.get("cluster"), "down", None, None)
         )
         w.cluster = e.data.get("cluster", w.cluster)
         w.state = e.kind.removeprefix("cluster-")
+        activity[w.worker] = e.ts  # autostop counts idle time from the last thing that happened
         if e.kind == "cluster-launch":
             w.state = "launching"
             open_since.setdefault(w.worker, e.ts)
@@ -122,12 +124,14 @@ def worker_costs(
             autostop[w.worker] = 60.0 * float(e.data.get("autostop_minutes", 10))
             start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
             w.setup_seconds += _clip(start, e.ts, since, until)
+        elif e.kind == "cluster-failed" and e.data.get("provisioned"):
+            launch_at.pop(w.worker, None)  # set-up failed on a live cluster: it bills until autostop
         elif e.kind in ("cluster-lost", "cluster-down", "cluster-failed") and w.worker in open_since:
             w.held_seconds += _clip(open_since.pop(w.worker), e.ts, since, until)
             launch_at.pop(w.worker, None)
     attempts = _attempts_by_worker(ledger, set(workers))
     for name, start in open_since.items():
-        last = max([start] + [a[1] or until for a in attempts.get(name, [])])
+        last = max([start, activity[name]] + [a[1] or until for a in attempts.get(name, [])])
         end = until if ledger.controller() is not None else min(until, last + autostop.get(name, 600.0))
         workers[name].held_seconds += _clip(start, end, since, until)
         if end < until and workers[name].state == "up":

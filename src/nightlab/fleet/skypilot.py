@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.config import LabConfig, PoolConfig
-from nightlab.errors import NightlabError
+from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.costs import hourly_price
 from nightlab.fleet.sky_task import (
@@ -401,13 +401,20 @@ class SkyPilotBackend(BaseBackend):
             text = self._read_log(cluster.name, job_id)
         except Exception as e:
             reason = "no capacity" if type(e).__name__ == "ResourcesUnavailableError" else "launch failed"
-            self._cluster_failed(cluster, f"{reason}: {_one_line(e)}", retry=True, log_path=launch_log)
+            # a broken fleet/skypilot.yaml fails the same way every time: only `fleet up` retries it
+            retry = not isinstance(e, UsageError)
+            self._cluster_failed(cluster, f"{reason}: {_one_line(e)}", retry=retry, log_path=launch_log)
             return
         with open(launch_log, "a") as out:
             out.write(text)
         if status != "SUCCEEDED":
+            # the cluster is up (and billing) until autostop ends it; costs.py counts that
             self._cluster_failed(
-                cluster, f"set-up failed (job status {status})", retry=False, log_path=launch_log
+                cluster,
+                f"set-up failed (job status {status})",
+                retry=False,
+                log_path=launch_log,
+                provisioned=True,
             )
             return
         _, tags = clean_job_log(text)
@@ -430,15 +437,14 @@ class SkyPilotBackend(BaseBackend):
         )
         self._notify(cluster)
 
-    def _cluster_failed(self, cluster: _Cluster, detail: str, *, retry: bool, log_path: Path) -> None:
+    def _cluster_failed(
+        self, cluster: _Cluster, detail: str, *, retry: bool, log_path: Path, provisioned: bool = False
+    ) -> None:
         with self._lock:
             cluster.state, cluster.detail = "failed", detail
             cluster.retry_at = time.time() + self.relaunch_backoff if retry else float("inf")
-        self._event(
-            "cluster-failed",
-            cluster.worker,
-            {"cluster": cluster.name, "detail": detail, "log": str(log_path)},
-        )
+        data = {"cluster": cluster.name, "detail": detail, "log": str(log_path), "provisioned": provisioned}
+        self._event("cluster-failed", cluster.worker, data)
         log.warning("cluster %s: %s (log: %s)", cluster.name, detail, log_path)
         self._notify(cluster)
 
@@ -814,7 +820,6 @@ def _one_line(error: BaseException) -> str:
 
 def _lab_backend(lab_dir: Path, sdk: Any) -> SkyPilotBackend:
     from nightlab.config import load_config
-    from nightlab.errors import UsageError
 
     config = load_config(lab_dir / "nightlab.toml")
     if not any(p.backend == "skypilot" for p in config.fleet.pools):
