@@ -30,7 +30,7 @@ Goal (issue 4): with 16 workers, >= 12x at greedy's full budget (the public 16-G
 and no wrong keep in 20 seeded runs.
 
 Usage: .venv/bin/python bench/search_sim.py [--seeds 20] [--run 0.3] [--budget 60] [--max-waves 12]
-           [--strategies factorial,optuna,greedy] [--screen]
+           [--strategies factorial,optuna,greedy] [--screen] [--step]
 """
 
 from __future__ import annotations
@@ -258,12 +258,14 @@ def run_arm(
     waves: int,
     stop_at: float | None,
     screen: bool = False,
+    step: bool = False,
 ) -> Arm:
     from nightlab.lab import Lab
     from nightlab.research import run_search, tier_slots
     from nightlab.search.knobs import parse_value
 
-    name = f"{strategy}{'-screen' if screen else ''}-{workers}-s{seed}"
+    variant = ("+screen" if screen else "") + ("+step" if step else "")
+    name = f"{strategy}{variant.replace('+', '-')}-{workers}-s{seed}"
     # screened: 12 fast workers screen, 4 validate (16 in all)
     lab_dir = make_lab(
         root,
@@ -299,6 +301,7 @@ def run_arm(
                 top_k=3,
                 repeats=1,
                 seed=seed,
+                effects_step=step,
                 poll=0.02,
             )
         except Reached:
@@ -327,7 +330,7 @@ def run_arm(
             times.append(elapsed)
             truths.append(truth)
     nightlab("fleet", "stop", cwd=lab_dir)
-    return Arm(strategy + ("+screen" if screen else ""), workers, times, truths, wrong, wall, runs)
+    return Arm(strategy + variant, workers, times, truths, wrong, wall, runs)
 
 
 def _knobs_of(lab, experiment_id: str) -> dict[str, str]:
@@ -352,13 +355,14 @@ def main() -> None:
         "--strategies", default="factorial,optuna", help="parallel strategies, comma-separated"
     )
     parser.add_argument("--screen", action="store_true", help="also run factorial screened on the fast tier")
+    parser.add_argument("--step", action="store_true", help="also run factorial with the main-effects step")
     args = parser.parse_args()
     # Targets: what greedy reached after a quarter, half and all of its budget.
     checkpoints = sorted({max(1, args.budget // 4), max(1, args.budget // 2), args.budget})
-    arms = [(s, False) for s in args.strategies.split(",") if s] + (
-        [("factorial", True)] if args.screen else []
-    )
-    names = [s + ("+screen" if screen else "") for s, screen in arms]
+    arms = [(s, False, False) for s in args.strategies.split(",") if s]
+    arms += [("factorial", True, False)] if args.screen else []
+    arms += [("factorial", False, True)] if args.step else []
+    names = [s + ("+screen" if screen else "") + ("+step" if step else "") for s, screen, step in arms]
 
     # per checkpoint: greedy's time per seed, and each arm's time per seed (None: not reached)
     seq_times: dict[int, list[float]] = {c: [] for c in checkpoints}
@@ -376,7 +380,7 @@ def main() -> None:
             for c, target in targets.items():
                 seq_times[c].append(seq.time_to(target))
             line = f"seed {seed:2d}: greedy x1 best {targets[args.budget]:.4f} at {seq_times[args.budget][-1]:5.1f} s"
-            for (strategy, screen), name in zip(arms, names, strict=True):
+            for (strategy, screen, step), name in zip(arms, names, strict=True):
                 arm = run_arm(
                     root,
                     strategy=strategy,
@@ -386,6 +390,7 @@ def main() -> None:
                     waves=args.max_waves,
                     stop_at=targets[args.budget],
                     screen=screen,
+                    step=step,
                 )
                 wrong[name] += arm.wrong_keeps
                 for c, target in targets.items():

@@ -6,8 +6,13 @@
   when there is one, else on the validation tier;
 - wait: block until the wave's runs end; with a screening tier, promote the candidates that
   beat the incumbent there (top k by mean) to the validation tier with repeats, and wait again;
+- optionally (`effects_step`), after a factorial wave, the point its significant main effects
+  predict (every knob with a significant effect at its better level, the others as they are) is
+  measured too, in the same wave: the best corner of a fraction moves every knob, right or wrong.
+  It costs a round per wave; in bench/search_sim.py it won some waves and lost others;
 - decide: `search.decide.best_of_wave` on the validation tier, with that tier's noise floor and
-  z corrected for the number of candidates; only a `keep` is adopted;
+  z corrected for the number of candidates; a `within-noise` best first gets the repeats that would
+  settle it (once per wave, when they fit in one round); only a `keep` is adopted;
 - adopt: `Lab.adopt`, then the winner's runs carry the verdict `keep`.
 
 Before the first wave the noise floor of the validation tier is measured when there is none
@@ -27,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nightlab.errors import UsageError
+from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
 from nightlab.waves import (
+    head_files,
     head_knobs,
     noise,
     parse_spaces,
@@ -61,6 +67,7 @@ class SearchPlan:
         top_k: candidates promoted from the screen per wave.
         repeats: runs of each promoted candidate on the validation tier.
         settle: whether a within-noise best gets the repeats that would settle it (once per wave).
+        effects_step: whether a factorial wave also measures the point its main effects predict.
     """
 
     strategy: str
@@ -71,6 +78,7 @@ class SearchPlan:
     top_k: int
     repeats: int
     settle: bool = True
+    effects_step: bool = False
 
     def key(self) -> dict[str, Any]:
         """The identity a resumed search is matched on (sizes may change between runs)."""
@@ -187,11 +195,60 @@ class _LabLoop:
         reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
         self.wait_ids([e.id for e in members] + reused)
         state = wave.spec["search"]
+        if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
+            self.effects_step(wave_id)
         if self.plan.screen_tier is not None:
             promotion = state.get("promotion") or self.promote(wave_id)
             if promotion:
                 self.wait_ids([e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)])
         return self.observations(wave_id, state["index"])
+
+    def effects_step(self, wave_id: str) -> None:
+        """After a factorial wave, also measure the point its main effects predict.
+
+        The best corner of a fraction moves every knob, the right way or not; the fitted main
+        effects say, knob by knob, which level is better. Every knob whose effect is significant
+        (p < 0.05) moves to its better level, the others stay: one more round of up to 4 runs in
+        the same wave, judged with the corners. Done once per wave (a resumed wave is not stepped
+        again).
+        """
+        from nightlab.waves import wave_effects
+
+        lab, plan = self.lab, self.plan
+        if "stepped" in lab.ledger.wave(wave_id).spec["search"]:
+            return
+        result, values = wave_effects(lab, wave_id, interactions=False)
+        lower = lab.config.metric.lower_is_better
+        point: dict[str, str] = {}
+        for term in result.main_effects:
+            if term.p_value is None or term.p_value >= 0.05:
+                continue
+            levels = values[term.term]  # coded level -> source text
+            point[term.term] = levels[min(levels) if (term.coefficient > 0) == lower else max(levels)]
+        knobs = head_knobs(lab)
+        full = {name: knobs[name].source for name in self.names}
+        full.update(point)
+        measured = [k for _, k in wave_points(lab, lab.ledger.wave(wave_id))]
+        if not point or any({**full, **k} == full for k in measured):
+            self.set_state(wave_id, stepped=[])
+            return
+        n = min(tier_slots(lab, plan.tier), 4)
+        try:
+            exps = lab.submit(
+                f"search {plan.strategy}: main-effects step from {wave_id}",
+                sets=full,
+                overrides=head_files(lab),
+                tier=plan.tier,
+                repeats=n,
+                seed=None if n > 1 else 0,
+                wave=wave_id,
+                source="search",
+            )
+        except DuplicateExperimentError:  # measured before, outside this wave: nothing new to learn
+            self.set_state(wave_id, stepped=[])
+            return
+        self.set_state(wave_id, stepped=[e.id for e in exps])
+        self.wait_ids([e.id for e in exps])
 
     def promote(self, wave_id: str) -> str | None:
         """Promote the screened wave's top k candidates that beat the incumbent's screen figure."""
@@ -329,6 +386,7 @@ def run_search(
     sampler: str = "tpe",
     seed: int = 0,
     settle: bool = True,
+    effects_step: bool = False,
     poll: float = 0.2,
     on_wave: Callable[[Any], None] | None = None,
     note: Callable[[str], None] = lambda _: None,
@@ -348,6 +406,8 @@ def run_search(
         sampler: `tpe` or `gp` for the optuna strategy.
         settle: whether the best of a wave that is within the noise gets the repeats that would
             settle it, once per wave, when they fit in one round of the validation tier (at least 4).
+        effects_step: after each factorial wave, also run the combination its significant main
+            effects predict (one more round of up to 4 runs); see `_LabLoop.effects_step`.
         on_wave: called with each wave's `WaveSummary`.
         note: receives progress lines for people (noise floor, resumed waves).
 
@@ -381,6 +441,7 @@ def run_search(
         top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
         repeats=repeats,
         settle=settle,
+        effects_step=effects_step,
     )
     loop = _LabLoop(lab, plan, dims, poll=poll, note=note)
     loop.finish_adoption()

@@ -73,6 +73,7 @@ def test_factorial_and_optuna_waves(quick_lab):
     assert out["incumbent"]["LR"] == "0.02" and knob(lab, "LR") == "0.02"
     spec = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["spec"]
     assert spec["search"]["key"]["strategy"] == "factorial" and spec["search"]["judged"] is True
+    assert "stepped" not in spec["search"]  # the main-effects step is opt-in
     proc = nightlab(
         "search", "--strategy", "optuna", "--space", WIDE, "--waves", "1", "--wave-size", "2", cwd=lab
     )
@@ -114,3 +115,20 @@ def test_interrupted_search_resumes_its_wave(quick_lab):
     assert time.time() - started < 20
     with open_ledger(lab) as ledger:
         assert len(ledger.waves()) == 2  # the noise wave and the one search wave, nothing re-submitted
+
+
+def test_factorial_effects_step_runs_the_predicted_point(quick_lab):
+    lab = quick_lab(slots=2, sleep=0.05)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    args = ("--space", WIDE, "--space", "SLEEP=uniform(0.03,0.07)", "--waves", "1", "--wave-size", "4")
+    out = json.loads(
+        nightlab("search", "--strategy", "factorial", *args, "--effects-step", "--json", cwd=lab).stdout
+    )
+    [wave] = out["waves"]
+    w = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)
+    stepped = w["spec"]["search"]["stepped"]
+    # LR's effect is significant and moves to its better level (0.02); SLEEP's is not and stays
+    runs = {e["id"]: e for e in w["experiments"]}
+    assert len(stepped) == 2 and {runs[i]["params"]["LR"] for i in stepped} == {"0.02"}
+    assert {runs[i]["params"]["SLEEP"] for i in stepped} == {"0.05"}
+    assert wave["adopted"] is not None and knob(lab, "LR") == "0.02"

@@ -44,6 +44,11 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the strategy.")
 @click.option(
+    "--effects-step",
+    is_flag=True,
+    help="Whether or not to also run, after each factorial wave, the point its main effects predict.",
+)
+@click.option(
     "--settle/--no-settle",
     default=True,
     show_default=True,
@@ -64,6 +69,7 @@ def command(
     repeats,
     sampler,
     seed,
+    effects_step,
     settle,
     as_json,
 ):
@@ -104,6 +110,7 @@ def command(
         sampler=sampler,
         seed=seed,
         settle=settle,
+        effects_step=effects_step,
         on_wave=on_wave,
         note=say,
     )
