@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
@@ -46,10 +46,13 @@ from nightlab.waves import (
     wave_points,
 )
 
+if TYPE_CHECKING:
+    from nightlab.lab import Lab
+
 __all__ = ["SearchPlan", "run_search", "tier_slots"]
 
 
-def tier_slots(lab: Any, tier: str) -> int:
+def tier_slots(lab: Lab, tier: str) -> int:
     """How many experiments the lab's pools of `tier` run at once."""
     return sum(len(p.gpus) if p.gpus else p.slots for p in lab.config.fleet.pools if p.tier == tier)
 
@@ -98,7 +101,7 @@ class _LabLoop:
     """The callables `run_loop` needs, bound to one lab and one search plan."""
 
     def __init__(
-        self, lab: Any, plan: SearchPlan, dims: Sequence[Any], *, poll: float, note: Callable[[str], None]
+        self, lab: Lab, plan: SearchPlan, dims: Sequence[Any], *, poll: float, note: Callable[[str], None]
     ):
         self.lab, self.plan, self.dims, self.poll, self.note = lab, plan, dims, poll, note
         self.metric = lab.config.metric.name
@@ -372,7 +375,7 @@ class _LabLoop:
 
 
 def run_search(
-    lab: Any,
+    lab: Lab,
     *,
     strategy: str,
     spaces: Sequence[str],

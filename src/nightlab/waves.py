@@ -28,16 +28,20 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab import snapshots
 from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
 
+if TYPE_CHECKING:
+    from nightlab.lab import Lab
+
 __all__ = [
     "SnapshotFigure",
     "SubmittedWave",
     "WaveStatus",
+    "default_plot_path",
     "head_files",
     "head_knobs",
     "noise",
@@ -82,7 +86,7 @@ class SubmittedWave:
 # --- the incumbent ---------------------------------------------------------------------------
 
 
-def head_files(lab: Any) -> dict[str, bytes]:
+def head_files(lab: Lab) -> dict[str, bytes]:
     """The editable files of the incumbent (HEAD), by name."""
     files = {}
     for name in lab.config.target.editable:
@@ -93,7 +97,7 @@ def head_files(lab: Any) -> dict[str, bytes]:
     return files
 
 
-def head_knobs(lab: Any) -> dict[str, Any]:
+def head_knobs(lab: Lab) -> dict[str, Any]:
     """Knob name -> `Knob` over the incumbent's editable files."""
     from nightlab.search.knobs import list_knobs
 
@@ -112,7 +116,7 @@ def head_knobs(lab: Any) -> dict[str, Any]:
     return out
 
 
-def parse_spaces(lab: Any, specs: Sequence[str]) -> list[Any]:
+def parse_spaces(lab: Lab, specs: Sequence[str]) -> list[Any]:
     """Parse `NAME=...` specs and check each names a knob of the incumbent, of a fitting type.
 
     Raises:
@@ -127,7 +131,7 @@ def parse_spaces(lab: Any, specs: Sequence[str]) -> list[Any]:
     return dims
 
 
-def _incumbent_runs(lab: Any, tier: str) -> list[Experiment]:
+def _incumbent_runs(lab: Lab, tier: str) -> list[Experiment]:
     """The incumbent's runs on `tier` that count: ok, or still queued or running."""
     return [
         e
@@ -136,7 +140,7 @@ def _incumbent_runs(lab: Any, tier: str) -> list[Experiment]:
     ]
 
 
-def _incumbent_stale(lab: Any, tier: str) -> bool:
+def _incumbent_stale(lab: Lab, tier: str) -> bool:
     """Whether the incumbent has no run on `tier` or its latest is older than the allowed waves."""
     from nightlab.search.decide import incumbent_is_stale
 
@@ -149,7 +153,7 @@ def _incumbent_stale(lab: Any, tier: str) -> bool:
 
 
 def _submit_fresh(
-    lab: Any,
+    lab: Lab,
     description: str,
     *,
     files: Mapping[str, bytes],
@@ -182,7 +186,7 @@ def _submit_fresh(
 
 
 def submit_incumbent(
-    lab: Any, tier: str, wave: str, n: int, files: Mapping[str, bytes] | None = None
+    lab: Lab, tier: str, wave: str, n: int, files: Mapping[str, bytes] | None = None
 ) -> list[Experiment]:
     """Queue `n` runs of the incumbent on `tier` with unused seeds, ahead of the queue, in `wave`."""
     return _submit_fresh(
@@ -200,7 +204,7 @@ def submit_incumbent(
 
 
 def submit_repeats(
-    lab: Any, experiment_id: str, *, tier: str, n: int, wave: str, source: str = "settle"
+    lab: Lab, experiment_id: str, *, tier: str, n: int, wave: str, source: str = "settle"
 ) -> list[Experiment]:
     """Queue `n` more runs of an experiment's snapshot on `tier`, with unused seeds, in `wave`."""
     exp = lab.ledger.get(experiment_id)
@@ -255,7 +259,7 @@ def _apply(files: Mapping[str, bytes], run: Mapping[str, str]) -> dict[str, byte
     return out
 
 
-def _measured_point(lab: Any, run: Mapping[str, str], files: Mapping[str, bytes], tier: str) -> Experiment:
+def _measured_point(lab: Lab, run: Mapping[str, str], files: Mapping[str, bytes], tier: str) -> Experiment:
     """The earlier measurement (seed 0) of a design point whose submit was refused as a duplicate."""
     overrides = _apply(files, run)
     _, tree = snapshots.create_snapshot(
@@ -268,7 +272,7 @@ def _measured_point(lab: Any, run: Mapping[str, str], files: Mapping[str, bytes]
 
 
 def submit_wave(
-    lab: Any,
+    lab: Lab,
     runs: Sequence[Mapping[str, str]],
     *,
     design: str,
@@ -337,7 +341,7 @@ def submit_wave(
     return SubmittedWave(lab.ledger.wave(wave.id), tuple(queued), reused)
 
 
-def _history(lab: Any, spaces: list[str], design: str) -> list[Any]:
+def _history(lab: Lab, spaces: list[str], design: str) -> list[Any]:
     """Observations of earlier waves of `design` over exactly these spaces (for Optuna)."""
     from nightlab.search.strategies import Observation
 
@@ -355,7 +359,7 @@ def _history(lab: Any, spaces: list[str], design: str) -> list[Any]:
 
 
 def submit_sweep(
-    lab: Any,
+    lab: Lab,
     specs: Sequence[str],
     *,
     design: str = "full",
@@ -420,7 +424,7 @@ def submit_sweep(
 
 
 def noise(
-    lab: Any, *, repeats: int = 3, tier: str | None = None, start_controller: bool = True
+    lab: Lab, *, repeats: int = 3, tier: str | None = None, start_controller: bool = True
 ) -> SubmittedWave:
     """`nightlab noise`: re-run the incumbent `repeats` times with unused seeds, as a `noise` wave.
 
@@ -450,7 +454,7 @@ def noise(
 
 
 def promote(
-    lab: Any,
+    lab: Lab,
     ids: Sequence[str],
     *,
     tier: str,
@@ -526,7 +530,7 @@ def promote(
 
 
 def promote_wave(
-    lab: Any,
+    lab: Lab,
     wave_id: str,
     *,
     tier: str,
@@ -579,7 +583,7 @@ def promote_wave(
 # --- reading ---------------------------------------------------------------------------------
 
 
-def refresh_verdicts(lab: Any, wave: Wave, experiments: Sequence[Experiment]) -> list[Experiment]:
+def refresh_verdicts(lab: Lab, wave: Wave, experiments: Sequence[Experiment]) -> list[Experiment]:
     """Re-judge ok candidates whose verdict was recorded before it could be decided.
 
     A run that ended before the incumbent had a figure on its tier has no verdict, and one judged
@@ -672,14 +676,14 @@ class WaveStatus:
         }
 
 
-def _wave_runs(lab: Any, wave: Wave) -> list[Experiment]:
+def _wave_runs(lab: Lab, wave: Wave) -> list[Experiment]:
     members = lab.ledger.experiments(wave=wave.id)
     reused_ids = [i for i in wave.spec.get("reused", {}).values() if i not in {e.id for e in members}]
     reused = lab.ledger.experiments(ids=reused_ids) if reused_ids else []
     return sorted([*members, *reused], key=lambda e: e.seq)
 
 
-def wave_points(lab: Any, wave: Wave) -> list[tuple[Experiment, dict[str, str]]]:
+def wave_points(lab: Lab, wave: Wave) -> list[tuple[Experiment, dict[str, str]]]:
     """The wave's candidate runs with the knob values each ran with.
 
     Members submitted as candidates carry their knobs as params; design points that reused an
@@ -694,7 +698,7 @@ def wave_points(lab: Any, wave: Wave) -> list[tuple[Experiment, dict[str, str]]]
     ]
 
 
-def _promotion(lab: Any, wave: Wave, runs: Sequence[Experiment]) -> dict[str, Any]:
+def _promotion(lab: Lab, wave: Wave, runs: Sequence[Experiment]) -> dict[str, Any]:
     """Screen means against validation means of each promoted candidate, and their rank correlation."""
     from nightlab.search.decide import spearman
 
@@ -724,7 +728,7 @@ def _promotion(lab: Any, wave: Wave, runs: Sequence[Experiment]) -> dict[str, An
     }
 
 
-def wave_status(lab: Any, wave_id: str) -> WaveStatus:
+def wave_status(lab: Lab, wave_id: str) -> WaveStatus:
     """The wave's runs with refreshed verdicts, its best candidate and, for promotions, the tier report.
 
     Raises:
@@ -742,7 +746,7 @@ def wave_status(lab: Any, wave_id: str) -> WaveStatus:
 
 
 def wave_effects(
-    lab: Any, wave_id: str, *, interactions: bool = True
+    lab: Lab, wave_id: str, *, interactions: bool = True
 ) -> tuple[Any, dict[str, dict[float, str]]]:
     """Effects of the wave's factors on the metric, by least squares on coded levels.
 
@@ -817,7 +821,7 @@ class SnapshotFigure:
 
 
 def noise_table(
-    lab: Any, tier: str | None = None
+    lab: Lab, tier: str | None = None
 ) -> tuple[list[SnapshotFigure], dict[str, tuple[float | None, int]]]:
     """Every snapshot with repeats, per tier, and each tier's pooled noise floor (sigma, dof)."""
     from nightlab.analysis import noise_sigma
@@ -846,6 +850,6 @@ def noise_table(
     return sorted(figures, key=lambda f: (f.tier, f.experiments[0])), floors
 
 
-def default_plot_path(lab: Any, wave_id: str) -> Path:
+def default_plot_path(lab: Lab, wave_id: str) -> Path:
     """Where `nightlab effects` saves a wave's main-effects plot."""
     return lab.path / ".nightlab" / "effects" / f"{wave_id}.png"
