@@ -602,7 +602,7 @@ class SkyPilotBackend(BaseBackend):
         except (OSError, ValueError):
             saved = {}
         saved.update(data, cluster=run.cluster.name)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".sky.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(saved))
         os.replace(tmp, path)
 
@@ -748,9 +748,11 @@ class SkyPilotBackend(BaseBackend):
 
     def _finish(self, run: _Run, status: str, text: str) -> None:
         """Write the cleaned log where the controller reads it, then report the end."""
+        if self._stop.is_set():
+            return  # this backend was closed: a newer controller owns the run now
         log_text, tags = clean_job_log(text)
         log_text = with_run_keys(log_text, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"))
-        tmp = run.spec.log_path.with_suffix(".tmp")
+        tmp = run.spec.log_path.with_name(f".log.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(log_text)
         os.replace(tmp, run.spec.log_path)
         code = tags.get("exit")
