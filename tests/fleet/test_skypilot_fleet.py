@@ -538,3 +538,28 @@ def test_a_broken_worker_yaml_fails_the_launch_without_retries(sky_lab, fake):
     assert "is not valid YAML" in failed.data["detail"] and failed.data["provisioned"] is False
     assert backend._cluster(slot.name).retry_at == float("inf") and fake.count("launch") == 0
     backend.close()
+
+
+def test_the_fake_refuses_anything_that_would_reach_an_api_server(fake):
+    from sky.client import sdk
+
+    with pytest.raises(RuntimeError, match="refuses a call"):
+        sdk.status()  # the real SDK function, not the fake's
+
+
+def test_a_result_from_other_data_is_invalid(sky_lab, fake):
+    from nightlab.fleet.runner import classify, read_tail
+
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-0")
+    eid = submit(lab, "stale data", "h100")
+    spec = _spec(lab, eid)
+    summary = "print('---'); print('val_bpb: 1.0'); print('data_fingerprint: 0ther')"
+    spec = RunSpec(**{**spec.__dict__, "command": f'python -c "{summary}"'})
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    text = read_tail(spec.log_path)
+    result = classify(ended.exit_code, text, metric="val_bpb", expected_fingerprint="1ab5")
+    assert result.outcome == "invalid" and "`0ther`" in result.detail
+    assert result.metrics["gpu_name"] == "NVIDIA H100 80GB HBM3" and result.metrics["tier"] == "h100"
+    backend.close()

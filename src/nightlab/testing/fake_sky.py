@@ -61,6 +61,10 @@ SDK_CALLS = (
 )
 
 
+def _refuse_network(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("the fake SkyPilot SDK refuses a call that would reach an API server")
+
+
 @dataclass
 class _PricedResources:
     """What a launched handle's `launched_resources` offers the cost code."""
@@ -141,9 +145,17 @@ class FakeSky:
     # ------------------------------------------------------------------ wiring
 
     def install(self, monkeypatch: Any) -> FakeSky:
-        """Replace the SDK's network calls on the `sky` module with this fake's."""
+        """Replace the SDK's network calls on the `sky` module with this fake's.
+
+        Anything that still reaches the real SDK's HTTP layer (or would start a local API
+        server) raises instead, so a test can never talk to a cloud by accident.
+        """
         for name in SDK_CALLS:
             monkeypatch.setattr(sky, name, getattr(self, name))
+        from sky.server import common
+
+        for name in ("check_server_healthy_or_start_fn", "make_authenticated_request"):
+            monkeypatch.setattr(common, name, _refuse_network)
         return self
 
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
