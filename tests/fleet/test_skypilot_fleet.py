@@ -563,3 +563,17 @@ def test_a_result_from_other_data_is_invalid(sky_lab, fake):
     assert result.outcome == "invalid" and "`0ther`" in result.detail
     assert result.metrics["gpu_name"] == "NVIDIA H100 80GB HBM3" and result.metrics["tier"] == "h100"
     backend.close()
+
+
+def test_stopping_the_controller_cancels_remote_jobs_and_requeues(sky_lab, fake):
+    lab = sky_lab()
+    eid = submit(lab, "long", "h200", MODE='"hang"')
+    with ControllerThread(lab):
+        wait_until(
+            lambda: any(j.status.value == "RUNNING" for c in fake.clusters.values() for j in c.jobs.values())
+        )
+        fake.request_seconds = 300  # 0.3 s per request: a cancel still in flight would show
+    jobs = [j for c in fake.clusters.values() for j in c.jobs.values() if j.name.startswith("nightlab-")]
+    assert [j.status.value for j in jobs] == ["CANCELLED"]
+    with open_ledger(lab) as ledger:
+        assert ledger.get(eid).status == ExperimentStatus.QUEUED

@@ -73,6 +73,7 @@ LOG_RETRIES = 3  # tries to read a finished job's log before the attempt becomes
 RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
+CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
 _TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 _EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
@@ -184,6 +185,7 @@ class SkyPilotBackend(BaseBackend):
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._on_change: Any = None
+        self._cancels: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ BaseBackend
 
@@ -232,7 +234,7 @@ class SkyPilotBackend(BaseBackend):
         with run.cluster.changed:
             run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
         if job_id is not None:
-            self._thread(self._cancel, run)
+            self._cancels.append(self._thread(self._cancel, run))
 
     def cleanup(self, spec: RunSpec) -> None:
         with self._lock:
@@ -243,6 +245,11 @@ class SkyPilotBackend(BaseBackend):
         for cluster in list(self._clusters.values()):
             with cluster.changed:
                 cluster.changed.notify_all()
+        # a stopping controller kills its runs: let those cancels reach SkyPilot, or the jobs
+        # would hold their clusters while the requeued experiments wait behind them
+        deadline = time.time() + CLOSE_GRACE
+        for thread in self._cancels:
+            thread.join(max(0.0, deadline - time.time()))
 
     # ------------------------------------------------------------------ fleet up / down
 
@@ -619,9 +626,11 @@ class SkyPilotBackend(BaseBackend):
                 self._monitor = threading.Thread(target=self._monitor_loop, name="sky-monitor", daemon=True)
                 self._monitor.start()
 
-    def _thread(self, target: Any, *args: Any) -> None:
+    def _thread(self, target: Any, *args: Any) -> threading.Thread:
         # daemon threads: a launch blocked for minutes must not keep the controller from exiting
-        threading.Thread(target=self._guarded, args=(target, *args), daemon=True).start()
+        thread = threading.Thread(target=self._guarded, args=(target, *args), daemon=True)
+        thread.start()
+        return thread
 
     def _guarded(self, target: Any, *args: Any) -> None:
         try:
