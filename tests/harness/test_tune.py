@@ -38,6 +38,7 @@ print("step 00001 | loss 5.0")
 print("---")
 print(f"tok_per_sec:      {({2: 3000, 8: 4000}.get(DEVICE_BATCH_SIZE, 5000)) + (900 if ran_compiled else 0)}")
 print(f"peak_vram_mb:     {10.0 * DEVICE_BATCH_SIZE}")
+print(f"startup_seconds:  {40.0 if ran_compiled else 2.0}")
 print(f"compile:          {'on' if ran_compiled else 'off'}")
 print("attention:        sdpa")
 """
@@ -59,6 +60,7 @@ def test_fastest_candidate_is_written_into_the_knobs(lab):
     assert all(r.status == "ok" for r in result.rows)
     assert result.best.candidate == type(result.best.candidate)("on", "sdpa", 4)
     assert result.best.tok_per_sec == 5900 and result.best.peak_memory_mb == 40.0
+    assert result.best.startup_seconds == 40.0  # shown, not weighed: the budget excludes start-up
     assert result.written == {"COMPILE": "'on'", "ATTENTION": "'sdpa'", "DEVICE_BATCH_SIZE": "4"}
     expected = FAKE_TRAIN.replace('COMPILE = "auto"', "COMPILE = 'on'").replace(
         'ATTENTION = "auto"', "ATTENTION = 'sdpa'"

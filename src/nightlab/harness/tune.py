@@ -55,6 +55,8 @@ class TuneRow:
         status: "ok", "oom", "crash" or "timeout".
         tok_per_sec: steady-state training tokens/s (warmup steps excluded); None unless ok.
         peak_memory_mb: peak device memory (peak RSS on CPU); None unless ok.
+        startup_seconds: everything but the timed steps (imports, compile, warmup); None unless ok.
+            Not part of the choice (the budget excludes it), shown so its cost is visible.
         compiled: whether the model actually ran compiled (a failed compile falls back to eager).
         attention: the attention backend that actually ran.
         detail: the last line of the output when the candidate failed.
@@ -64,6 +66,7 @@ class TuneRow:
     status: str
     tok_per_sec: float | None = None
     peak_memory_mb: float | None = None
+    startup_seconds: float | None = None
     compiled: bool | None = None
     attention: str | None = None
     detail: str = ""
@@ -134,6 +137,7 @@ def _run_candidate(workdir: Path, source: str, candidate: Candidate, steps: int,
     try:
         tok_per_sec = float(summary["tok_per_sec"])
         peak_memory_mb = float(summary.get("peak_vram_mb", "nan"))
+        startup_seconds = float(summary.get("startup_seconds", "nan"))
     except ValueError:
         return TuneRow(candidate, "crash", detail=f"unreadable summary: {summary}")
     if tok_per_sec <= 0:
@@ -145,6 +149,7 @@ def _run_candidate(workdir: Path, source: str, candidate: Candidate, steps: int,
         "ok",
         tok_per_sec=tok_per_sec,
         peak_memory_mb=peak_memory_mb,
+        startup_seconds=startup_seconds,
         compiled=summary.get("compile") == "on",
         attention=summary.get("attention", candidate.attention),
     )
@@ -155,8 +160,9 @@ def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
     from rich.table import Table
 
     table = Table(title="nightlab tune: steady-state training throughput")
-    for column in ("compile", "attention", "batch", "status", "tok/s", "peak MB", "note"):
-        table.add_column(column, justify="right" if column in ("batch", "tok/s", "peak MB") else "left")
+    numeric = ("batch", "tok/s", "peak MB", "start-up s")
+    for column in ("compile", "attention", "batch", "status", "tok/s", "peak MB", "start-up s", "note"):
+        table.add_column(column, justify="right" if column in numeric else "left")
     for row in rows:
         c = row.candidate
         ran = ""
@@ -169,6 +175,7 @@ def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
             row.status,
             f"{row.tok_per_sec:,.0f}" if row.tok_per_sec is not None else "",
             f"{row.peak_memory_mb:,.0f}" if row.peak_memory_mb is not None else "",
+            f"{row.startup_seconds:.1f}" if row.startup_seconds is not None else "",
             ("fastest " if row is best else "") + (ran or row.detail),
             style="bold green" if row is best else None,
         )
