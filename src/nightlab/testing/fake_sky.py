@@ -6,7 +6,8 @@ It replaces only the calls that would reach an API server or a cloud (`launch`, 
 builds. Requests run on threads, as on the API server, after latencies multiplied by
 `scale` (a 3-minute cluster launch is 0.18 s at `scale=0.001`).
 
-A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
+Jobs on one cluster run one at a time (each asks for the cluster's GPU), later ones wait
+PENDING, as in SkyPilot's job queue. A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
 Python's environment (what set-up would have installed) and `bin/nvidia-smi` prints the
 GPU name of the cluster's accelerator. Jobs run for real: the task's `run` script under
 bash with the task's envs and HOME set to the cluster's directory, and every output line
@@ -101,6 +102,7 @@ class FakeCluster:
     autodown: bool = False
     idle_since: float = field(default_factory=time.time)
     handle: Any = None
+    gpu: threading.Lock = field(default_factory=threading.Lock)  # one job at a time holds it
 
 
 class FakeSky:
@@ -480,6 +482,16 @@ class FakeSky:
         return job
 
     def _run_job(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
+        # every job asks for the cluster's accelerators, so they run one after another
+        while not c.gpu.acquire(timeout=0.01):
+            if job.status.is_terminal():  # cancelled, or its cluster preempted, while queued
+                return
+        try:
+            self._run_job_holding_gpu(c, job, setup)
+        finally:
+            c.gpu.release()
+
+    def _run_job_holding_gpu(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
         if setup:
             job.status = sky.JobStatus.SETTING_UP
             time.sleep(self.setup_seconds * self.scale)
