@@ -6,13 +6,14 @@ It replaces only the calls that would reach an API server or a cloud (`launch`, 
 builds. Requests run on threads, as on the API server, after latencies multiplied by
 `scale` (a 3-minute cluster launch is 0.18 s at `scale=0.001`).
 
-Jobs on one cluster run one at a time (each asks for the cluster's GPU), later ones wait
-PENDING, as in SkyPilot's job queue. A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
+A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
 Python's environment (what set-up would have installed) and `bin/nvidia-smi` prints the
 GPU name of the cluster's accelerator. Jobs run for real: the task's `run` script under
 bash with the task's envs and HOME set to the cluster's directory, and every output line
 goes to the job log with SkyPilot's `(name, pid=N) ` prefix. So the backend's payload,
-run script, timeout, summary and exit status are all exercised end to end.
+run script, timeout, summary and exit status are all exercised end to end. Jobs on one
+cluster run one at a time (each asks for the cluster's GPU); later ones wait PENDING, as
+in SkyPilot's job queue. Set-up is simulated (a delay), not run.
 
 Faults: `fail_setup(cluster)`, `no_capacity(cluster)`, `preempt(cluster)`,
 `preempt_job(name_part, after)`, `fail_logs(times)`. Autostop: a cluster with no running
