@@ -70,7 +70,7 @@ def status(as_json, lab_dir) -> None:
     print_state(state)
 
 
-@command.command("up")
+@command.command("up", short_help="Launch and set up the SkyPilot clusters (one per remote worker).")
 @click.option(
     "--relaunch",
     is_flag=True,
@@ -115,7 +115,7 @@ def up(relaunch, as_json, lab_dir) -> None:
         )
 
 
-@command.command("down")
+@command.command("down", short_help="Stop the controller and tear down the SkyPilot clusters.")
 @lab_option
 def down(lab_dir) -> None:
     """Stop the controller (its runs go back to the queue) and tear down every cluster of the lab."""
