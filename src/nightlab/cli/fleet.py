@@ -58,7 +58,7 @@ def stop(lab_dir) -> None:
 @json_option
 @lab_option
 def status(as_json, lab_dir) -> None:
-    """The controller's pid and each worker's state."""
+    """The controller's pid, each worker's state, and each SkyPilot cluster's state and cost so far."""
     from nightlab.cli.status import fleet_state, print_state
     from nightlab.lab import Lab
 
