@@ -62,6 +62,8 @@ print(f"training_seconds: {SLEEP:.1f}")
 print(f"peak_vram_mb:     {2048.0 + 1024 * LR:.1f}")
 print(f"start_ts:         {start:.6f}")
 print(f"end_ts:           {time.time():.6f}")
+print(f"env_budget:       {os.environ.get('NIGHTLAB_BUDGET', 'none')}")
+print(f"env_experiment:   {os.environ.get('NIGHTLAB_EXPERIMENT', 'none')}")
 '''
 
 

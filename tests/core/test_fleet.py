@@ -218,3 +218,14 @@ def test_sigkill_of_the_controller_mid_wave(make_lab):
         reattached = {e.experiment_id for e in ledger.events() if e.kind == "reattach"}
     assert sorted(e.experiment_id for e in ends) == sorted(ids)
     assert len(reattached) == 2
+
+
+def test_runs_get_their_identity_and_never_the_measurement_overrides(make_lab):
+    lab = make_lab(slots=1)
+    nightlab("fleet", "stop", cwd=lab, check=False)
+    eid = submit(lab, "env", extra=("--no-start",))
+    nightlab("fleet", "start", cwd=lab, env={"NIGHTLAB_BUDGET": "9999"})
+    wait_json(lab, eid)
+    metrics = show(lab, eid)["metrics"]
+    assert metrics["env_experiment"] == eid
+    assert metrics["env_budget"] == "none"

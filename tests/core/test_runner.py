@@ -72,6 +72,16 @@ def test_timeout_and_lost_and_fingerprint():
     assert bad.outcome == "invalid" and "nightlab prepare" in bad.detail
 
 
+def test_invalid_reason_wins_even_without_the_metric_and_overlong_training_is_invalid():
+    assert (
+        classify(0, "---\nstatus: invalid\ninvalid_reason: bad shape\n", metric="val_bpb").outcome
+        == "invalid"
+    )
+    text = "---\nval_bpb: 1.0\ntraining_seconds: 45.0\n"
+    assert classify(0, text, metric="val_bpb", max_training_seconds=33.0).outcome == "invalid"
+    assert classify(0, text, metric="val_bpb", max_training_seconds=50.0).outcome == "ok"
+
+
 def test_tail_and_trim_of_a_huge_log(tmp_path):
     log = tmp_path / "log.txt"
     with open(log, "w") as f:

@@ -57,6 +57,15 @@ def expected_fingerprint(config: LabConfig) -> str | None:
     return fingerprint(Profile.from_dict(config.profile))
 
 
+def max_training_seconds(config: LabConfig) -> float | None:
+    """The most training time a run of this lab may report: the profile's budget + 10 %."""
+    if not config.profile:
+        return None
+    from nightlab.harness.profiles import Profile
+
+    return Profile.from_dict(config.profile).budget_seconds * 1.1
+
+
 def build_slots(
     config: LabConfig, *, cpu_slots: int | None = None
 ) -> tuple[list[WorkerSlot], dict[str, BaseBackend]]:
@@ -102,6 +111,7 @@ class Controller:
         self.pid = os.getpid()
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
+        self._max_training = max_training_seconds(config)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -257,6 +267,7 @@ class Controller:
                 timed_out=active.killed == "timeout",
                 lost=ended.lost,
                 expected_fingerprint=self._fingerprint,
+                max_training_seconds=self._max_training,
             )
             outcome, detail, metrics = result.outcome, result.detail or ended.detail, result.metrics
         exp = self.ledger.get(active.spec.experiment_id)

@@ -23,6 +23,7 @@ from nightlab.config import PoolConfig
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.snapshots import materialise
 
+MEASUREMENT_OVERRIDES = ("NIGHTLAB_BUDGET", "NIGHTLAB_MAX_STEPS", "NIGHTLAB_SKIP_EVAL")
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -105,7 +106,10 @@ class LocalBackend(BaseBackend):
             f"mv {shlex.quote(str(spec.run_dir / 'exit.tmp'))} {shlex.quote(str(spec.run_dir / 'exit'))}\n"
             "exit $code\n"
         )
-        env = {**os.environ, **slot.env, **spec.env}
+        # test and tune overrides of the built-in target must never reach a measured run,
+        # whoever started the controller with them in their environment
+        env = {k: v for k, v in os.environ.items() if k not in MEASUREMENT_OVERRIDES}
+        env.update({**slot.env, **spec.env})
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env["PYTHONUNBUFFERED"] = "1"
         with open(spec.log_path, "ab") as log:

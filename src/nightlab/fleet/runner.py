@@ -156,6 +156,7 @@ def classify(
     timed_out: bool = False,
     lost: bool = False,
     expected_fingerprint: str | None = None,
+    max_training_seconds: float | None = None,
 ) -> Outcome:
     """Classify one attempt from its exit code and the tail of its log.
 
@@ -167,6 +168,8 @@ def classify(
         timed_out: the runner killed it at the hard limit.
         lost: the process vanished without leaving an exit status (worker death).
         expected_fingerprint: the lab's data fingerprint; a different one is `invalid`.
+        max_training_seconds: a run that reports more training time than this is `invalid`
+            (the budget is the lab's, not the run's to choose).
     """
     summary = parse_summary(log_text) or {}
     if timed_out:
@@ -179,19 +182,25 @@ def classify(
         signum = exit_code - 128
     exception = _last_exception(lines)
 
+    if exit_code == 0 and summary.get("invalid_reason"):
+        return Outcome("invalid", str(summary["invalid_reason"]), summary)
     if metric in summary and exit_code == 0:
         value = summary[metric]
         if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
             return Outcome("crash:nan", f"metric `{metric}` is {value}", summary)
-        reason = summary.get("invalid_reason")
-        if reason:
-            return Outcome("invalid", str(reason), summary)
         found = summary.get("data_fingerprint")
         if expected_fingerprint and found is not None and str(found) != expected_fingerprint:
             return Outcome(
                 "invalid",
                 f"data fingerprint `{found}` differs from the lab's `{expected_fingerprint}`; "
                 "run `nightlab prepare` on that worker",
+                summary,
+            )
+        trained = summary.get("training_seconds")
+        if max_training_seconds and isinstance(trained, float) and trained > max_training_seconds:
+            return Outcome(
+                "invalid",
+                f"trained {trained:.1f} s, over the lab's budget ({max_training_seconds:.0f} s + 10 %)",
                 summary,
             )
         return Outcome("ok", None, summary)
