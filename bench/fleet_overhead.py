@@ -89,7 +89,7 @@ def main() -> None:
     latencies = []
     for worker in {w for w, *_ in runs}:
         mine = sorted((s, e) for w, s, e in runs if w == worker)
-        latencies += [b[0] - a[1] for a, b in zip(mine, mine[1:])]
+        latencies += [b[0] - a[1] for a, b in zip(mine, mine[1:], strict=False)]
     latencies.sort()
     median = statistics.median(latencies)
     p95 = latencies[int(0.95 * (len(latencies) - 1))]
