@@ -142,8 +142,15 @@ class ExperimentStatus(enum.IntEnum):
         return self.name.lower()
 
 
+class _AsDict:
+    """`to_dict()` for the frozen rows: every field, as plain data for `--json`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class Experiment:
+class Experiment(_AsDict):
     id: str
     seq: int
     snapshot: str
@@ -177,13 +184,13 @@ class Experiment:
         return value if isinstance(value, float) else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = super().to_dict()
         d["status"] = self.status.label
         return d
 
 
 @dataclass(frozen=True)
-class Attempt:
+class Attempt(_AsDict):
     id: int
     experiment_id: str
     number: int
@@ -197,12 +204,9 @@ class Attempt:
     log_path: str | None
     handle: dict[str, Any]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
 
 @dataclass(frozen=True)
-class Wave:
+class Wave(_AsDict):
     id: str
     seq: int
     design: str
@@ -212,12 +216,9 @@ class Wave:
     base_snapshot: str | None
     created_at: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
 
 @dataclass(frozen=True)
-class Worker:
+class Worker(_AsDict):
     name: str
     tier: str
     backend: str
@@ -225,9 +226,6 @@ class Worker:
     experiment_id: str | None
     info: dict[str, Any]
     updated_at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
