@@ -48,6 +48,10 @@ PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 Mi
 # The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
 # which starts at the lease, always fires first and cancels the job (outcome `timeout`).
 REMOTE_TIMEOUT_MARGIN = 60
+_LOCAL_PATHS = {
+    "NIGHTLAB_LAB",
+    "NIGHTLAB_DATA_DIR",
+}  # paths on the controller's machine: meaningless remotely
 POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price"}
 
 WORKER_YAML = """\
@@ -223,7 +227,7 @@ def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Ta
     sky = _sky()
     doc = load_worker_config(lab_dir)
     envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
-    envs.update({k: v for k, v in spec.env.items() if k != "NIGHTLAB_LAB"})
+    envs.update({k: v for k, v in spec.env.items() if k not in _LOCAL_PATHS})
     envs.update(payload_envs(lab_dir, spec.snapshot))
     envs.update(
         {
