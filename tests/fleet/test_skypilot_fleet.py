@@ -577,3 +577,20 @@ def test_stopping_the_controller_cancels_remote_jobs_and_requeues(sky_lab, fake)
     assert [j.status.value for j in jobs] == ["CANCELLED"]
     with open_ledger(lab) as ledger:
         assert ledger.get(eid).status == ExperimentStatus.QUEUED
+
+
+def test_a_remote_log_can_be_watched_while_the_run_runs(sky_lab, fake):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h200-sky-0")
+    eid = submit(lab, "slow", "h200")
+    slow = "import time; print('step 1 loss 3.0'); time.sleep(1.5); print('---'); print('val_bpb: 1.0')"
+    spec = RunSpec(**{**_spec(lab, eid).__dict__, "command": f'python -c "{slow}"'})
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: spec.log_path.exists() and "step 1 loss" in spec.log_path.read_text(), timeout=10)
+    assert backend.poll(slot, spec, handle) is None  # still running
+    assert "pid=" not in spec.log_path.read_text()
+    assert _wait_exit(backend, slot, spec, handle).exit_code == 0
+    final = spec.log_path.read_text()
+    assert final.count("step 1 loss") == 1 and "gpu_name: NVIDIA H200" in final
+    backend.close()

@@ -26,6 +26,7 @@ Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0")`,
 from __future__ import annotations
 
 import base64
+import io
 import os
 import re
 import threading
@@ -270,6 +271,33 @@ def clean_job_log(text: str) -> tuple[str, dict[str, str]]:
         else:
             out.append(line)
     return "\n".join(out) + ("\n" if out else ""), tags
+
+
+class LiveJobLog(io.TextIOBase):
+    """An `output_stream` for `sky.tail_logs(follow=True)`: keeps the whole text and appends the
+    job's own lines (prefix stripped, tags left out) to `path` as they arrive, so a remote
+    run's log can be watched while it runs. The final log is written from `text` at the end.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.text = ""
+        self._partial = ""
+        self._path = path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.text += s
+        lines = (self._partial + s).split("\n")
+        self._partial = lines.pop()
+        own = [_PREFIX.sub("", line, count=1) for line in lines if _PREFIX.match(line)]
+        own = [line for line in own if not _TAG.match(line)]
+        if own:
+            with open(self._path, "a") as f:
+                f.write("".join(line + "\n" for line in own))
+        return len(s)
 
 
 def with_run_keys(log_text: str, *, tier: str, gpu: str | None) -> str:

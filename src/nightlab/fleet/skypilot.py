@@ -57,6 +57,7 @@ from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.costs import hourly_price
 from nightlab.fleet.sky_task import (
+    LiveJobLog,
     _sky,
     check_pool,
     clean_job_log,
@@ -723,13 +724,13 @@ class SkyPilotBackend(BaseBackend):
         a preemption looks) is left to the monitor, which polls the job's status and reads the
         log again with retries.
         """
-        out = io.StringIO()
+        out = LiveJobLog(run.spec.log_path)
         try:
             code = self.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=out)
         except Exception as e:
             log.info("log stream of job %s on %s broke: %s", run.job_id, run.cluster.name, e)
             return
-        text = out.getvalue()
+        text = out.text
         status = _EXIT_STATUS.get(code)
         if status is None or (status == "FAILED" and "exit" not in clean_job_log(text)[1]):
             return

@@ -320,13 +320,22 @@ class FakeSky:
         job = c.jobs.get(job_id if job_id is not None else max(c.jobs))
         if job is None:
             return 102  # JobExitCode.NOT_FOUND
-        while follow and not job.status.is_terminal():
+        out = output_stream or sys.stdout
+        out.write(
+            "├── Waiting for task resources on 1 node.\n"
+            "└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)\n"
+        )
+        sent = 0
+        while True:  # with `follow`, stream lines as the job prints them until it ends
+            done = not follow or job.status.is_terminal()
+            lines = list(job.lines)
+            out.write("".join(line + "\n" for line in lines[sent:]))
+            sent = len(lines)
+            if done:
+                break
             time.sleep(0.005)
-        text = "├── Waiting for task resources on 1 node.\n└── Job started. Streaming logs... (Ctrl-C to exit log streaming; job will not be killed)\n"
-        text += "".join(line + "\n" for line in list(job.lines))
         if job.status.is_terminal():
-            text += f"✓ Job finished (status: {job.status.value}).\n"
-        (output_stream or sys.stdout).write(text)
+            out.write(f"✓ Job finished (status: {job.status.value}).\n")
         return {sky.JobStatus.SUCCEEDED: 0, sky.JobStatus.CANCELLED: 103}.get(job.status, 100)
 
     def cancel(
