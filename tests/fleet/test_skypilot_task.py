@@ -59,13 +59,28 @@ def test_clean_job_log_multi_node_prefix_and_unprefixed_fallback():
 
 def test_run_keys_join_a_final_summary_block_only():
     ok = "---\nval_bpb: 1.0\n"
-    joined = sky_task.with_run_keys(ok, tier="h100", gpu="NVIDIA H100 80GB HBM3")
+    joined = ok + sky_task.run_keys(ok, tier="h100", gpu="NVIDIA H100 80GB HBM3")
     assert parse_summary(joined) == {"val_bpb": 1.0, "tier": "h100", "gpu_name": "NVIDIA H100 80GB HBM3"}
     crashed = "---\nval_bpb: 1.0\nTraceback (most recent call last):\n  x\nValueError: late\n"
-    assert sky_task.with_run_keys(crashed, tier="h100", gpu="G") == crashed
-    assert sky_task.with_run_keys("no summary\n", tier="h100", gpu="G") == "no summary\n"
+    assert sky_task.run_keys(crashed, tier="h100", gpu="G") == ""
+    assert sky_task.run_keys("no summary\n", tier="h100", gpu="G") == ""
     # the crash keeps its exception line as the detail
     assert classify(1, crashed, metric="val_bpb").detail == "ValueError: late"
+
+
+def test_the_log_sink_writes_the_job_lines_as_they_stream(tmp_path):
+    path = tmp_path / "log.txt"
+    path.write_text("an earlier try\n")
+    sink = sky_task.JobLogSink(path)
+    assert path.read_text() == ""  # every read starts a fresh log
+    cut = JOB_LOG.index("(nightlab-e0001-a1, pid=2231) ---") + 5
+    head, tail = JOB_LOG[:cut], JOB_LOG[cut:]  # split in the middle of a line
+    sink.write(head)
+    assert path.read_text() == "step 00100 loss 3.2\n"  # written before the job ends
+    sink.write(tail)
+    sink.finish()
+    assert path.read_text() == sky_task.clean_job_log(JOB_LOG)[0]
+    assert sink.tags == {"gpu": "NVIDIA H100 80GB HBM3", "exit": "0"}
 
 
 # ---------------------------------------------------------------------------- tasks

@@ -15,9 +15,9 @@ Two tasks per worker cluster:
   (train.py, prepare.py, program.md, nightlab.toml) is 10-30 KiB compressed.
 
 Logs come back through `sky.tail_logs` with SkyPilot's `(task, pid=1234) ` prefix on every
-line of the job's output and its own progress lines in between; `clean_job_log` keeps
-the job's lines, strips the prefixes and takes out the two lines the run script adds
-(`nightlab-gpu:` and `nightlab-exit:`).
+line of the job's output and its own progress lines in between; `JobLogSink` keeps the
+job's lines, strips the prefixes and takes out the two lines the run script adds
+(`nightlab-gpu:` and `nightlab-exit:`), writing as the log streams in.
 
 Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0")`,
 `experiment_task(spec, pool, cluster=...)`; both return real `sky.Task` objects.
@@ -31,7 +31,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from nightlab import __version__
 from nightlab.config import PoolConfig
@@ -250,72 +250,106 @@ _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
 _TAG = re.compile(r"^nightlab-(gpu|exit): ?(.*?)\s*$")
 
 
-def clean_job_log(text: str) -> tuple[str, dict[str, str]]:
-    """The job's own output from a `tail_logs` text, and the tags the run script printed.
-
-    Lines with SkyPilot's `(name, pid=N)` prefix are the job's; the prefix goes. Lines without
-    one are SkyPilot's progress output and are dropped, unless no line has a prefix at all
-    (another SkyPilot log format), in which case every line is kept.
-
-    Returns:
-        (log text, {"gpu": name, "exit": code}) with the tags found.
-    """
-    lines = text.splitlines()
-    prefixed = [_PREFIX.sub("", line, count=1) for line in lines if _PREFIX.match(line)]
-    kept = prefixed if prefixed else lines
-    out, tags = [], {}
-    for line in kept:
-        match = _TAG.match(line)
-        if match:
-            tags[match.group(1)] = match.group(2)
-        else:
-            out.append(line)
-    return "\n".join(out) + ("\n" if out else ""), tags
+OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix
 
 
-class LiveJobLog(io.TextIOBase):
-    """An `output_stream` for `sky.tail_logs(follow=True)`: keeps the whole text and appends the
-    job's own lines (prefix stripped, tags left out) to `path` as they arrive, so a remote
-    run's log can be watched while it runs. The final log is written from `text` at the end.
+class JobLogSink(io.TextIOBase):
+    """An `output_stream` for `sky.tail_logs` that writes the job's own output to `out`.
+
+    Lines with SkyPilot's `(name, pid=N)` prefix are the job's: the prefix goes, the run
+    script's tags (`nightlab-gpu:`, `nightlab-exit:`) go to `tags`, the rest is written at
+    once (so a followed log can be watched while the job runs, and a chatty job's log never
+    sits in memory). Lines without a prefix are SkyPilot's progress output and are dropped,
+    unless no line has a prefix at all (another SkyPilot log format): then `finish` writes
+    those (the last `OTHER_FORMAT_LIMIT` characters).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, out: IO[str] | Path) -> None:
         super().__init__()
-        self.text = ""
+        self.tags: dict[str, str] = {}
+        if isinstance(out, Path):
+            out.write_text("")  # a fresh log per read; appended batch by batch, never held open
+        self._out = out
         self._partial = ""
-        self._path = path
+        self._prefixed = False
+        self._other: list[str] = []
+        self._other_size = 0
 
     def writable(self) -> bool:
         return True
 
     def write(self, s: str) -> int:
-        self.text += s
         lines = (self._partial + s).split("\n")
         self._partial = lines.pop()
-        own = [_PREFIX.sub("", line, count=1) for line in lines if _PREFIX.match(line)]
-        own = [line for line in own if not _TAG.match(line)]
-        if own:
-            with open(self._path, "a") as f:
-                f.write("".join(line + "\n" for line in own))
+        self._take(lines)
         return len(s)
 
+    def finish(self) -> None:
+        """Take the last unterminated line, and write the unprefixed lines if nothing had a prefix."""
+        if self._partial:
+            self._take([self._partial])
+            self._partial = ""
+        if not self._prefixed:
+            self._emit(self._other)
 
-def with_run_keys(log_text: str, *, tier: str, gpu: str | None) -> str:
-    """Append `tier` and `gpu_name` to the summary block when the block ends the log.
+    def _take(self, lines: list[str]) -> None:
+        own = []
+        for line in lines:
+            if _PREFIX.match(line):
+                self._prefixed = True
+                own.append(_PREFIX.sub("", line, count=1))
+            elif not self._prefixed:
+                self._other.append(line)
+                self._other_size += len(line) + 1
+                while self._other_size > OTHER_FORMAT_LIMIT and len(self._other) > 1:
+                    self._other_size -= len(self._other.pop(0)) + 1
+        if own:
+            self._emit(own)
 
-    A block that is not last (a crash after it) is left alone: lines added after a
-    traceback would read as its exception line.
+    def _emit(self, lines: list[str]) -> None:
+        kept = []
+        for line in lines:
+            match = _TAG.match(line)
+            if match:
+                self.tags[match.group(1)] = match.group(2)
+            else:
+                kept.append(line + "\n")
+        if isinstance(self._out, Path):
+            with open(self._out, "a") as f:
+                f.write("".join(kept))
+        else:
+            self._out.write("".join(kept))
+
+
+def clean_job_log(text: str) -> tuple[str, dict[str, str]]:
+    """The job's own output in a `tail_logs` text, and the run script's tags (see `JobLogSink`).
+
+    Returns:
+        (log text, {"gpu": name, "exit": code}) with the tags found.
+    """
+    out = io.StringIO()
+    sink = JobLogSink(out)
+    sink.write(text)
+    sink.finish()
+    return out.getvalue(), sink.tags
+
+
+def run_keys(log_tail: str, *, tier: str, gpu: str | None) -> str:
+    """The lines to append to a log so its summary block carries `tier` and `gpu_name`.
+
+    Empty unless the summary block ends the log: lines added after a traceback would read
+    as its exception line.
     """
     from nightlab.fleet.runner import clean_lines, parse_summary
 
-    if parse_summary(log_text) is None:
-        return log_text
-    lines = [line for line in clean_lines(log_text) if line.strip()]
+    if parse_summary(log_tail) is None:
+        return ""
+    lines = [line for line in clean_lines(log_tail) if line.strip()]
     start = max(i for i, line in enumerate(lines) if line.strip() == "---")
     if not all(re.match(r"^\s*[A-Za-z_][\w.\-]*\s*:", line) for line in lines[start + 1 :]):
-        return log_text
+        return ""
     extra = f"tier: {tier}\n" + (f"gpu_name: {gpu}\n" if gpu and gpu != "none" else "")
-    return log_text + ("" if log_text.endswith("\n") else "\n") + extra
+    return ("" if log_tail.endswith("\n") else "\n") + extra
 
 
 # ---------------------------------------------------------------------------- on the worker

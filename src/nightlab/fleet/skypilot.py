@@ -56,15 +56,16 @@ from nightlab.config import LabConfig, PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.costs import hourly_price
+from nightlab.fleet.runner import read_tail
 from nightlab.fleet.sky_task import (
-    LiveJobLog,
+    JobLogSink,
     _sky,
     check_pool,
     clean_job_log,
     cluster_task,
     experiment_task,
     job_name,
-    with_run_keys,
+    run_keys,
 )
 
 log = logging.getLogger("nightlab.skypilot")
@@ -406,7 +407,7 @@ class SkyPilotBackend(BaseBackend):
             with open(launch_log, "w") as out:
                 job_id, handle = self.sdk.stream_and_get(request, output_stream=out)
             status = self._wait_job(cluster.name, job_id)
-            text = self._read_log(cluster.name, job_id)
+            setup = self._tail(cluster.name, job_id, io.StringIO)  # raw: SkyPilot's lines help here
         except Exception as e:
             reason = "no capacity" if type(e).__name__ == "ResourcesUnavailableError" else "launch failed"
             # a broken fleet/skypilot.yaml fails the same way every time: only `fleet up` retries it
@@ -414,7 +415,7 @@ class SkyPilotBackend(BaseBackend):
             self._cluster_failed(cluster, f"{reason}: {_one_line(e)}", retry=retry, log_path=launch_log)
             return
         with open(launch_log, "a") as out:
-            out.write(text)
+            out.write(setup.getvalue())
         if status != "SUCCEEDED":
             # the cluster is up (and billing) until autostop ends it; costs.py counts that
             self._cluster_failed(
@@ -425,7 +426,7 @@ class SkyPilotBackend(BaseBackend):
                 provisioned=True,
             )
             return
-        _, tags = clean_job_log(text)
+        _, tags = clean_job_log(setup.getvalue())
         with self._lock:
             cluster.state, cluster.detail = "up", None
             cluster.gpu_name = tags.get("gpu") or None
@@ -704,13 +705,17 @@ class SkyPilotBackend(BaseBackend):
             self._stop.wait(self.status_interval)
         return None
 
-    def _read_log(self, cluster: str, job_id: int) -> str:
-        """A finished job's whole log, retried with backoff; raises the last error."""
+    def _tail(self, cluster: str, job_id: int, make_out: Any) -> Any:
+        """A finished job's whole log into a fresh `make_out()` per try, retried with backoff.
+
+        Returns:
+            The output object that received the log; the last error is raised.
+        """
         for i in range(self.log_retries):
+            out = make_out()
             try:
-                out = io.StringIO()
                 self.sdk.tail_logs(cluster, job_id, follow=False, output_stream=out)
-                return out.getvalue()
+                return out
             except Exception as e:
                 if _is_gone(e) or i == self.log_retries - 1:
                     raise
@@ -718,31 +723,31 @@ class SkyPilotBackend(BaseBackend):
         raise AssertionError("unreachable")
 
     def _follow(self, run: _Run) -> None:
-        """Stream the job's log until the job ends, so its end is seen at once, not at the next poll.
+        """Stream the job's log into `log.txt` until the job ends, so its end is seen at once.
 
         Anything unclear (an error, a failure without the run script's exit line, which is how
         a preemption looks) is left to the monitor, which polls the job's status and reads the
         log again with retries.
         """
-        out = LiveJobLog(run.spec.log_path)
+        sink = JobLogSink(run.spec.log_path)
         try:
-            code = self.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=out)
+            code = self.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
         except Exception as e:
             log.info("log stream of job %s on %s broke: %s", run.job_id, run.cluster.name, e)
             return
-        text = out.text
+        sink.finish()
         status = _EXIT_STATUS.get(code)
-        if status is None or (status == "FAILED" and "exit" not in clean_job_log(text)[1]):
+        if status is None or (status == "FAILED" and "exit" not in sink.tags):
             return
         with self._lock:
             if run.state != "running":
                 return
             run.state = "fetching"
-        self._finish(run, status, text)
+        self._finish(run, status, sink.tags)
 
     def _fetch(self, run: _Run, status: str) -> None:
         try:
-            text = self._read_log(run.cluster.name, run.job_id)
+            sink = self._tail(run.cluster.name, run.job_id, lambda: JobLogSink(run.spec.log_path))
         except Exception as e:
             self._end(
                 run,
@@ -754,17 +759,19 @@ class SkyPilotBackend(BaseBackend):
                 ),
             )
             return
-        self._finish(run, status, text)
+        sink.finish()
+        self._finish(run, status, sink.tags)
 
-    def _finish(self, run: _Run, status: str, text: str) -> None:
-        """Write the cleaned log where the controller reads it, then report the end."""
+    def _finish(self, run: _Run, status: str, tags: dict[str, str]) -> None:
+        """Complete the log where the controller reads it, then report the end."""
         if self._stop.is_set():
             return  # this backend was closed: a newer controller owns the run now
-        log_text, tags = clean_job_log(text)
-        log_text = with_run_keys(log_text, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"))
-        tmp = run.spec.log_path.with_name(f".log.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(log_text)
-        os.replace(tmp, run.spec.log_path)
+        extra = run_keys(
+            read_tail(run.spec.log_path), tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu")
+        )
+        if extra:
+            with open(run.spec.log_path, "a") as f:
+                f.write(extra)
         code = tags.get("exit")
         if code is not None and re.fullmatch(r"-?\d+", code):
             ended = RunExit(int(code))
