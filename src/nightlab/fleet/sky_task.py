@@ -11,16 +11,16 @@ Two tasks per worker cluster:
   inside the job itself, as a base64 tar.gz split over environment variables. The cluster
   workdir is shared and rsynced without delete, so shipping code through it could let two
   experiments see each other's files; an env payload cannot. Each variable stays under
-  Linux's 128 KiB limit for one environment string (`MAX_ARG_STRLEN`); a typical lab
-  (train.py, prepare.py, program.md, nightlab.toml) is 10-30 KiB compressed.
+  Linux's 128 KiB limit for one environment string (`MAX_ARG_STRLEN`); a new built-in lab
+  (train.py, program.md, nightlab.toml, agent skills) is 14.5 KB as a tar.gz.
 
 Logs come back through `sky.tail_logs` with SkyPilot's `(task, pid=1234) ` prefix on every
 line of the job's output and its own progress lines in between; `JobLogSink` keeps the
 job's lines, strips the prefixes and takes out the two lines the run script adds
 (`nightlab-gpu:` and `nightlab-exit:`), writing as the log streams in.
 
-Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0")`,
-`experiment_task(spec, pool, cluster=...)`; both return real `sky.Task` objects.
+Usage: `cluster_task(lab_dir, pool, cluster="nl-1a2b3c-h100-k8s-0", builtin=True)`,
+`experiment_task(spec, pool, lab_dir=lab_dir)`; both return real `sky.Task` objects.
 """
 
 from __future__ import annotations
