@@ -594,3 +594,27 @@ def test_a_remote_log_can_be_watched_while_the_run_runs(sky_lab, fake):
     final = spec.log_path.read_text()
     assert final.count("step 1 loss") == 1 and "gpu_name: NVIDIA H200" in final
     backend.close()
+
+
+def test_an_api_server_hiccup_does_not_lose_the_run(sky_lab, fake, monkeypatch):
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h200-sky-0")
+    backend.up()
+    eid = submit(lab, "through a hiccup", "h200")
+    spec = _spec(lab, eid)
+    fake.fail_logs(1)  # the live stream breaks: only the status poll can see the end
+    fake.fail_status(5)  # ... and the API server answers nothing for five polls
+    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    assert ended.exit_code == 0 and "val_bpb" in spec.log_path.read_text()
+    assert fake.count("job_status") >= 5 + 1
+    # past the patience, the run is given up as infra
+    monkeypatch.setattr(skypilot, "STATUS_PATIENCE", 0.0)
+    eid2 = submit(lab, "server gone", "h200", LR="0.03")
+    spec2 = _spec(lab, eid2)
+    fake.fail_logs(1)
+    fake.fail_status(10_000)
+    ended = _wait_exit(backend, slot, spec2, backend.launch(slot, spec2))
+    assert ended.lost and "job status unreadable" in ended.detail
+    backend.close()
+    fake.fail_status(0)

@@ -72,6 +72,7 @@ log = logging.getLogger("nightlab.skypilot")
 
 STATUS_INTERVAL = 5.0  # seconds between job-status polls; a 5-minute run loses at most this much
 LOG_RETRIES = 3  # tries to read a finished job's log before the attempt becomes `infra`
+STATUS_PATIENCE = 600.0  # seconds of unreadable job status (API server down) before giving a run up
 RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
@@ -136,7 +137,7 @@ class _Run:
     state: str = "waiting"  # waiting | running | fetching | done
     ended: RunExit | None = None
     kill_requested: bool = False
-    status_errors: int = 0
+    unreadable_since: float | None = None  # when its job status last became unreadable
 
 
 class SkyPilotBackend(BaseBackend):
@@ -668,7 +669,7 @@ class SkyPilotBackend(BaseBackend):
                 self._status_failed(runs, e)
                 continue
             for run in runs:
-                run.status_errors = 0
+                run.unreadable_since = None
                 status = _status_name(statuses.get(run.job_id))
                 if status is None or status == "FAILED_DRIVER":
                     # the job vanished or its driver died: preemption shows up this way
@@ -692,10 +693,12 @@ class SkyPilotBackend(BaseBackend):
         if _is_gone(error) or self._cluster_is_up(cluster) is False:
             self._cluster_lost(cluster, _one_line(error))
             return
-        for run in runs:  # the API server hiccuped: try again next turn, a few times
-            run.status_errors += 1
-            if run.status_errors > self.log_retries:
-                self._end(run, RunExit(None, lost=True, detail=f"job status unreadable: {_one_line(error)}"))
+        now = time.time()
+        for run in runs:  # the API server hiccuped: the job goes on, ask again next turn
+            run.unreadable_since = run.unreadable_since or now
+            if now - run.unreadable_since > STATUS_PATIENCE:
+                detail = f"job status unreadable for {STATUS_PATIENCE:.0f} s: {_one_line(error)}"
+                self._end(run, RunExit(None, lost=True, detail=detail))
 
     def _wait_job(self, cluster: str, job_id: int) -> str | None:
         while not self._stop.is_set():

@@ -16,7 +16,7 @@ cluster run one at a time (each asks for the cluster's GPU); later ones wait PEN
 in SkyPilot's job queue. Set-up is simulated (a delay), not run.
 
 Faults: `fail_setup(cluster)`, `no_capacity(cluster)`, `preempt(cluster)`,
-`preempt_job(name_part, after)`, `fail_logs(times)`. Autostop: a cluster with no running
+`preempt_job(name_part, after)`, `fail_logs(times)`, `fail_status(times)`. Autostop: a cluster with no running
 job for its `idle_minutes_to_autostop` (scaled) stops itself (or goes away with `down`).
 
 Usage::
@@ -143,6 +143,7 @@ class FakeSky:
         self._setup_failures: set[str] = set()
         self._capacity_failures: dict[str, int] = {}
         self._log_failures = 0
+        self._status_failures = 0
         self._preempt_jobs: list[tuple[str, float]] = []
 
     # ------------------------------------------------------------------ wiring
@@ -177,6 +178,11 @@ class FakeSky:
     def no_capacity(self, cluster: str, times: int = 1) -> None:
         """The next `times` launches of `cluster` raise ResourcesUnavailableError."""
         self._capacity_failures[cluster] = times
+
+    def fail_status(self, times: int) -> None:
+        """The next `times` `job_status` requests fail as if the API server were unreachable."""
+        with self._lock:
+            self._status_failures = times
 
     def fail_logs(self, times: int) -> None:
         """The next `times` `tail_logs` calls fail as if the API server were unreachable."""
@@ -294,6 +300,10 @@ class FakeSky:
         self._record("job_status", cluster_name, job_ids)
 
         def work(log: list[str]) -> Any:
+            with self._lock:
+                if self._status_failures > 0:
+                    self._status_failures -= 1
+                    raise exceptions.ApiServerConnectionError("http://127.0.0.1:46580")
             c = self._up(cluster_name)
             ids = job_ids if job_ids is not None else [max(c.jobs)] if c.jobs else []
             return {i: (c.jobs[i].status if i in c.jobs else None) for i in ids}
