@@ -30,6 +30,7 @@ import io
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -264,9 +265,10 @@ class JobLogSink(io.TextIOBase):
     those (the last `OTHER_FORMAT_LIMIT` characters).
     """
 
-    def __init__(self, out: IO[str] | Path) -> None:
+    def __init__(self, out: IO[str] | Path, *, active: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.tags: dict[str, str] = {}
+        self._active = active  # False once another reader owns `out`: stop writing there
         if isinstance(out, Path):
             out.write_text("")  # a fresh log per read; appended batch by batch, never held open
         self._out = out
@@ -314,6 +316,8 @@ class JobLogSink(io.TextIOBase):
                 self.tags[match.group(1)] = match.group(2)
             else:
                 kept.append(line + "\n")
+        if self._active is not None and not self._active():
+            return
         if isinstance(self._out, Path):
             with open(self._out, "a") as f:
                 f.write("".join(kept))

@@ -732,7 +732,8 @@ class SkyPilotBackend(BaseBackend):
         a preemption looks) is left to the monitor, which polls the job's status and reads the
         log again with retries.
         """
-        sink = JobLogSink(run.spec.log_path)
+        # once the monitor has taken the run over, it rewrites the log: this stream stops writing
+        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running")
         try:
             code = self.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
         except Exception as e:
