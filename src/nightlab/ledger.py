@@ -836,11 +836,22 @@ class Ledger:
             )
             self._event(c, "controller-stop", None, pid=pid)
 
-    def events(self, *, experiment_id: str | None = None, after: int = 0, limit: int = 1000) -> list[Event]:
+    def events(
+        self,
+        *,
+        experiment_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+        kinds: Iterable[str] | None = None,
+    ) -> list[Event]:
         sql, args = "SELECT * FROM events WHERE id > ?", [after]
         if experiment_id is not None:
             sql += " AND experiment_id = ?"
             args.append(experiment_id)
+        if kinds is not None:
+            kind_list = list(kinds)
+            sql += f" AND kind IN ({','.join('?' * len(kind_list))})"
+            args += kind_list
         rows = self._query(sql + " ORDER BY id LIMIT ?", [*args, limit])
         return [
             Event(r["id"], r["ts"], r["kind"], r["experiment_id"], r["worker"], json.loads(r["data"]))

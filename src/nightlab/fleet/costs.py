@@ -101,7 +101,9 @@ def worker_costs(
         until: end of the window; None = now.
     """
     until = time.time() if until is None else until
-    events = [e for e in ledger.events(limit=1_000_000) if e.kind in CLUSTER_EVENTS]
+    events = ledger.events(limit=1_000_000, kinds=CLUSTER_EVENTS)
+    if not events:  # no remote workers ever: nothing to cost, and no reason to read the attempts
+        return []
     workers: dict[str, WorkerCost] = {}
     open_since: dict[str, float] = {}
     launch_at: dict[str, float] = {}
