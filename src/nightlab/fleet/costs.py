@@ -176,8 +176,8 @@ def _training_by_worker(ledger: Ledger) -> dict[str, list[tuple[float, float]]]:
 def attempt_costs(ledger: Ledger) -> dict[str, float]:
     """Dollars per experiment: each attempt's duration times its worker's hourly price."""
     prices: dict[str, float] = {}
-    for e in ledger.events(limit=1_000_000):
-        if e.kind == "cluster-up" and e.worker and e.data.get("hourly_price") is not None:
+    for e in ledger.events(limit=1_000_000, kinds=("cluster-up",)):
+        if e.worker and e.data.get("hourly_price") is not None:
             prices[e.worker] = float(e.data["hourly_price"])
     out: dict[str, float] = {}
     if not prices:

@@ -802,10 +802,10 @@ class SkyPilotBackend(BaseBackend):
         self._flush_events()
         try:
             with open_ledger(self.lab_dir) as ledger:
-                events = ledger.events(limit=1_000_000)
+                events = ledger.events(limit=1_000_000, kinds=CLUSTER_EVENTS)
         except NightlabError:
             return {}
-        return {e.worker: e.kind for e in events if e.kind in CLUSTER_EVENTS and e.worker}
+        return {e.worker: e.kind for e in events if e.worker}
 
     def _flush_events(self) -> None:
         with self._lock:
