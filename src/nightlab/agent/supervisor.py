@@ -25,7 +25,6 @@ Usage:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -36,13 +35,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from nightlab.config import AgentConfig, LabConfig
 from nightlab.errors import NightlabError, UsageError
+from nightlab.locks import try_lock
 
 AGENT_DIR = Path(".nightlab") / "agent"
 STATE_NAME = "state.json"
@@ -150,21 +150,9 @@ def _write_state(lab_dir: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)  # readers see the old or the new file, never half of one
 
 
-@contextlib.contextmanager
-def _lock(lab_dir: Path) -> Iterator[IO[str] | None]:
-    """Yield the open lock file when this process got the lab's supervisor lock, else None."""
-    path = agent_dir(lab_dir) / "supervisor.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")  # noqa: SIM115 - held for the life of the lock
-    try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield None
-            return
-        yield f
-    finally:
-        f.close()
+def _lock(lab_dir: Path, *, patience: float = 0.0):
+    """The lab's supervisor lock (see `nightlab.locks.try_lock`)."""
+    return try_lock(agent_dir(lab_dir) / "supervisor.lock", patience=patience)
 
 
 def running_pid(lab_dir: Path) -> int | None:
@@ -233,7 +221,7 @@ class Supervisor:
         Raises:
             NightlabError: another supervisor runs for this lab, or the agent cannot be started.
         """
-        with _lock(self.lab_dir) as lock:
+        with _lock(self.lab_dir, patience=0.5) as lock:
             if lock is None:
                 pid = running_pid(self.lab_dir)
                 raise NightlabError(

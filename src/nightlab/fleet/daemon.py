@@ -10,19 +10,16 @@ Run in the background as `python -m nightlab.fleet.daemon LAB_DIR [--cpu-slots N
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 from nightlab.errors import ControllerError
+from nightlab.locks import try_lock
 
 START_TIMEOUT = 20.0
 
@@ -31,30 +28,8 @@ def _lock_path(lab_dir: Path) -> Path:
     return lab_dir / ".nightlab" / "controller.lock"
 
 
-@contextmanager
-def _try_lock(lab_dir: Path, *, patience: float = 0.0) -> Iterator[IO[str] | None]:
-    """Yield the open lock file when we got the lock, None when a controller holds it.
-
-    `patience` retries for that many seconds: a starting controller must not give up
-    because some `submit` was probing the lock at that instant.
-    """
-    path = _lock_path(lab_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")  # noqa: SIM115 - held for the life of the lock
-    deadline = time.time() + patience
-    try:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() >= deadline:
-                    yield None
-                    return
-                time.sleep(0.02)
-        yield f
-    finally:
-        f.close()
+def _try_lock(lab_dir: Path, *, patience: float = 0.0):
+    return try_lock(_lock_path(lab_dir), patience=patience)
 
 
 def running_pid(lab_dir: Path) -> int | None:
