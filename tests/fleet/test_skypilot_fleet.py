@@ -160,6 +160,8 @@ def test_a_wave_on_four_clusters_of_two_tiers(sky_lab, fake):
     (lost,) = events(lab, "cluster-lost")
     assert lost.worker == first.worker == "h100-k8s-1"  # the second h100 worker got the second lease
     assert second.failure == "ok"  # the retry ran to the end
+    assert second.worker != first.worker  # requeued on another worker while its cluster relaunched
+    assert "no longer up" in (first.detail or "") or "preempt" in (first.detail or "")
     # results carry the tier and the exact GPU name the run reported
     assert exps[ids["ok1"]].metrics["gpu_name"] == "NVIDIA H100 80GB HBM3"
     assert exps[ids["ok2"]].metrics["gpu_name"] == "NVIDIA H200"

@@ -73,6 +73,10 @@ class BaseBackend(abc.ABC):
     @abc.abstractmethod
     def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None: ...
 
+    def available(self, slot: WorkerSlot) -> bool:
+        """Whether the slot can take a new run now (a relaunching cluster cannot). Must not block."""
+        return True
+
     def cleanup(self, spec: RunSpec) -> None:
         """Free what the attempt left behind once it has been recorded."""
 

@@ -67,7 +67,7 @@ def max_training_seconds(config: LabConfig) -> float | None:
 
 
 def build_slots(
-    config: LabConfig, *, cpu_slots: int | None = None
+    config: LabConfig, *, cpu_slots: int | None = None, lab_dir: Path | None = None
 ) -> tuple[list[WorkerSlot], dict[str, BaseBackend]]:
     """The worker slots of every pool in the config, and one backend object per kind."""
     slots: list[WorkerSlot] = []
@@ -79,7 +79,8 @@ def build_slots(
         elif pool.backend == "skypilot":
             from nightlab.fleet.skypilot import SkyPilotBackend, skypilot_slots
 
-            backends.setdefault("skypilot", SkyPilotBackend(config))
+            if "skypilot" not in backends:
+                backends["skypilot"] = SkyPilotBackend(config, lab_dir=lab_dir)
             slots += skypilot_slots(pool)
         else:  # config.py already refuses other names
             raise NightlabError(f"unknown backend `{pool.backend}`")
@@ -269,7 +270,11 @@ class Controller:
                 expected_fingerprint=self._fingerprint,
                 max_training_seconds=self._max_training,
             )
-            outcome, detail, metrics = result.outcome, result.detail or ended.detail, result.metrics
+            # for an infra end the backend knows best what happened (e.g. which cluster went down)
+            first, second = (
+                (ended.detail, result.detail) if result.outcome == "infra" else (result.detail, ended.detail)
+            )
+            outcome, detail, metrics = result.outcome, first or second, result.metrics
         exp = self.ledger.get(active.spec.experiment_id)
         final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
         value = metrics.get(self.config.metric.name)
@@ -295,7 +300,7 @@ class Controller:
         free = [s for s in self.slots if s.name not in busy]
         queued = self._queued_by_tier()
         for slot in free:
-            if not queued.get(slot.tier):
+            if not queued.get(slot.tier) or not self._backend(slot).available(slot):
                 continue
             attempt = self.ledger.lease_next(slot.name, slot.tier, handle={"backend": slot.backend})
             if attempt is None:

@@ -123,7 +123,7 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
         pid_file.write_text(str(os.getpid()))
         try:
             config = load_config(lab_dir / "nightlab.toml")
-            slots, backends = build_slots(config, cpu_slots=cpu_slots)
+            slots, backends = build_slots(config, cpu_slots=cpu_slots, lab_dir=lab_dir)
             with open_ledger(lab_dir) as ledger:
                 controller = Controller(lab_dir, config, ledger, slots=slots, backends=backends)
                 signal.signal(signal.SIGTERM, controller.request_stop)
