@@ -260,3 +260,55 @@ def load_config(path: Path) -> LabConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{CONFIG_NAME} is not valid TOML: {e}") from e
     return parse_config(doc)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The configuration in force, and whether the working copy differs from it."""
+
+    config: LabConfig
+    uncommitted: bool
+
+
+def load_lab_config(lab_dir: Path) -> LoadedConfig:
+    """The lab's configuration as committed on its branch (HEAD:nightlab.toml).
+
+    The committed file is the one in force, for the controller and the CLI alike: an agent
+    editing nightlab.toml cannot quietly change the time limit or the metric, and every
+    result's configuration is recorded in git. Uncommitted edits are still parsed, so a bad
+    key fails at once with its name; then `uncommitted` tells the caller to warn. Outside a
+    git checkout (a synced copy on a remote worker) the file on disk is used.
+
+    Raises:
+        ConfigError: naming the first bad key of the committed file or of the working copy.
+    """
+    import subprocess
+
+    path = lab_dir / CONFIG_NAME
+    try:
+        proc = subprocess.run(
+            ["git", "show", f"HEAD:{CONFIG_NAME}"], cwd=lab_dir, capture_output=True, check=False
+        )
+    except OSError:  # no such directory, or no git: the file on disk (or its clear error)
+        proc = None
+    if proc is None or proc.returncode != 0:
+        return LoadedConfig(load_config(path), uncommitted=False)
+    committed = proc.stdout.decode("utf-8")
+    try:
+        working = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        working = committed
+    try:
+        config = parse_config(tomllib.loads(committed))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"the committed {CONFIG_NAME} is not valid TOML: {e}") from e
+    if working == committed:
+        return LoadedConfig(config, uncommitted=False)
+    load_config(path)  # a broken edit fails now, naming its key
+    return LoadedConfig(config, uncommitted=True)
+
+
+UNCOMMITTED_WARNING = (
+    f"warning: {CONFIG_NAME} has uncommitted edits; nightlab uses the committed version until you "
+    f"`git commit {CONFIG_NAME}`"
+)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab import snapshots
-from nightlab.config import CONFIG_NAME, FOREIGN_TIMEOUT, LabConfig, load_config
+from nightlab.config import CONFIG_NAME, FOREIGN_TIMEOUT, LabConfig, load_lab_config
 from nightlab.errors import DuplicateExperimentError, NightlabError, NotALabError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger, NewExperiment, open_ledger
 
@@ -246,7 +246,9 @@ class Lab:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.config: LabConfig = load_config(path / CONFIG_NAME)
+        loaded = load_lab_config(path)
+        self.config: LabConfig = loaded.config
+        self.config_uncommitted = loaded.uncommitted
         self.ledger: Ledger = open_ledger(path)
 
     @classmethod

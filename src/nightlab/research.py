@@ -469,4 +469,7 @@ def run_search(
         waves_done=done,
         resume_wave=pending,
         on_wave=on_wave,
+        incumbent_values=lambda: _ok_values(
+            lab.ledger.experiments(tree=lab.head_tree(), tier=plan.tier), lab.config.metric.name
+        ),
     )

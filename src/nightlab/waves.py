@@ -287,7 +287,8 @@ def submit_wave(
     """Record a wave and queue each run (knob -> source text) on top of the incumbent.
 
     Args:
-        runs: the design points; each is applied to HEAD's editable files.
+        runs: the design points; each is applied to HEAD's editable files. A point listed n
+            times runs n times as many seeds.
         design: the wave's kind as the ledger shows it (`full`, `optuna`, `search:greedy`, ...).
         repeats: runs per point, each with its own seed.
         spec: extra data kept in the wave's spec (spaces, design, search state).
@@ -316,14 +317,22 @@ def submit_wave(
     if _incumbent_stale(lab, tier):
         queued += submit_incumbent(lab, tier, wave.id, 1, files)
     reused: dict[int, str] = {}
+    # A point listed n times is one snapshot with n seeds (strategies ask for replicated points so).
+    counts: dict[tuple, int] = {}
+    first: dict[tuple, int] = {}
     for i, run in enumerate(runs):
+        key = tuple(sorted(run.items()))
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, i)
+    for key, i in first.items():
+        run = runs[i]
         try:
             queued += lab.submit(
                 _describe_run(description, run),
                 sets=dict(run),
                 overrides=dict(files),
                 tier=tier,
-                repeats=repeats,
+                repeats=repeats * counts[key],
                 wave=wave.id,
                 priority=priority,
                 source=source,

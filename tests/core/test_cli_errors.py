@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -97,3 +98,34 @@ def test_second_fleet_start_is_refused(make_lab):
     nightlab("fleet", "start", cwd=lab)
     proc = nightlab("fleet", "start", cwd=lab, check=False)
     assert proc.returncode == 1 and "already running" in one_error_line(proc)
+
+
+def test_uncommitted_config_edits_are_not_in_force(make_lab):
+    """The committed nightlab.toml rules: an agent's quiet edit cannot change how runs are judged."""
+    lab = make_lab(slots=1)
+    toml = lab / "nightlab.toml"
+    toml.write_text(
+        toml.read_text()
+        .replace('name = "val_bpb"', 'name = "peak_vram_mb"')
+        .replace("timeout = 600", "timeout = 6000")
+    )
+    proc = nightlab("submit", "-m", "x", "--set", "LR=0.02", "--json", cwd=lab)
+    assert "uncommitted edits" in proc.stderr and "git commit nightlab.toml" in proc.stderr
+    eid = json.loads(proc.stdout)[0]["id"]
+    wait_json(lab, eid)
+    res = json.loads(nightlab("results", "--json", cwd=lab).stdout)
+    assert res["metric"] == "val_bpb" and res["experiments"][0]["val_bpb"] == 1.0
+    subprocess.run(
+        ["git", "commit", "-qm", "metric", "nightlab.toml"],
+        cwd=lab,
+        check=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    )
+    committed = nightlab("results", "--json", cwd=lab)
+    assert json.loads(committed.stdout)["metric"] == "peak_vram_mb" and "uncommitted" not in committed.stderr

@@ -31,9 +31,12 @@ def with_lab(fn: Callable) -> Callable:
     @lab_option
     @wraps(fn)
     def wrapper(*args: Any, lab_dir: Path | None, **kwargs: Any) -> Any:
+        from nightlab.config import UNCOMMITTED_WARNING
         from nightlab.lab import Lab
 
         with Lab.open(lab_dir) as lab:
+            if lab.config_uncommitted:
+                say(UNCOMMITTED_WARNING)
             return fn(*args, lab=lab, **kwargs)
 
     return wrapper

@@ -111,7 +111,7 @@ def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
 
 def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
     """Run the controller in this process while holding the lab's lock. Returns an exit code."""
-    from nightlab.config import load_config
+    from nightlab.config import UNCOMMITTED_WARNING, load_lab_config
     from nightlab.fleet.controller import Controller, build_slots
     from nightlab.ledger import open_ledger
 
@@ -122,7 +122,10 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
         pid_file = lab_dir / ".nightlab" / "controller.pid"
         pid_file.write_text(str(os.getpid()))
         try:
-            config = load_config(lab_dir / "nightlab.toml")
+            loaded = load_lab_config(lab_dir)
+            if loaded.uncommitted:
+                logging.getLogger("nightlab.controller").warning(UNCOMMITTED_WARNING)
+            config = loaded.config
             slots, backends = build_slots(config, cpu_slots=cpu_slots, lab_dir=lab_dir)
             with open_ledger(lab_dir) as ledger:
                 controller = Controller(lab_dir, config, ledger, slots=slots, backends=backends)

@@ -369,11 +369,11 @@ def prepare_worker(lab_dir: Path) -> Path | None:
     Returns:
         The data directory, or None for a foreign target (which prepares its own data).
     """
-    from nightlab.config import load_config
+    from nightlab.config import load_lab_config
     from nightlab.harness.data import prepare
     from nightlab.harness.profiles import Profile
 
-    config = load_config(lab_dir / "nightlab.toml")
+    config = load_lab_config(lab_dir).config
     if not config.profile:
         return None
     return prepare(Profile.from_dict(config.profile), progress=False)

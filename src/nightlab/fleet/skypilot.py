@@ -842,9 +842,9 @@ def _one_line(error: BaseException) -> str:
 
 
 def _lab_backend(lab_dir: Path, sdk: Any) -> SkyPilotBackend:
-    from nightlab.config import load_config
+    from nightlab.config import load_lab_config
 
-    config = load_config(lab_dir / "nightlab.toml")
+    config = load_lab_config(lab_dir).config
     if not any(p.backend == "skypilot" for p in config.fleet.pools):
         raise UsageError(
             'nightlab.toml has no [[fleet.pool]] with `backend = "skypilot"`; add one (see docs/skypilot.md)'

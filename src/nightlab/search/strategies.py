@@ -14,6 +14,12 @@ at any point resumes by handing a fresh strategy the history from the ledger:
 - `GreedyStrategy`: the autoresearch baseline, a sequential one-knob-at-a-time hill climb: try
   each knob one step up and one step down from the incumbent; after all moves at a step failed,
   halve the step.
+- `PatternStrategy`: the parallel counterpart of greedy with a model step. Waves alternate: a
+  stencil wave moves every knob one step up and one step down from the incumbent (8 knobs: 16
+  runs); the next wave fits a parabola per knob through its three points (the incumbent's figure
+  in the middle) and measures a few points along the fitted step, each with repeats, plus repeats
+  of the incumbent when its figure rests on one run. Repeats cut the multiple-comparison
+  correction (4 candidates instead of 16) and make the adopted figure a mean, not one lucky run.
 
 `run_loop` is `nightlab search`: propose a wave, submit it, wait, pick and judge the winner,
 adopt it, repeat until the wave budget or the deadline is spent. The caller supplies the
@@ -41,6 +47,7 @@ __all__ = [
     "LoopResult",
     "Observation",
     "OptunaStrategy",
+    "PatternStrategy",
     "WaveSummary",
     "make_strategy",
     "run_loop",
@@ -104,6 +111,9 @@ class BaseStrategy(ABC):
 
     def tell(self, observations: Sequence[Observation]) -> None:  # noqa: B027 - optional hook
         """Receive finished runs."""
+
+    def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:  # noqa: B027
+        """Receive the incumbent's metric values on the validation tier (its figure), before `propose`."""
 
     def _incumbent_value(self, dim: Dimension, incumbent: Mapping[str, str]) -> object:
         if dim.name not in incumbent:
@@ -377,16 +387,214 @@ class OptunaStrategy(BaseStrategy):
         return out
 
 
+class PatternStrategy(BaseStrategy):
+    """Parallel coordinate search: a stencil wave, then a wave along the fitted per-knob step.
+
+    A stencil wave moves each knob `step` coded units up and down from the incumbent, the others
+    kept (one-sided, +-step and +-2 step, at an edge of the space): 2 runs per knob. The wave after
+    it fits a parabola per knob through its stencil points and the incumbent's figure, takes each
+    knob to the parabola's minimum (at most `reach` stencil widths away; towards the better point
+    when the fit is not convex), and measures the combined step, the step restricted to the knobs
+    that carry 90 % of the predicted gain, half the step and 1.25 times it, each `replicas` times,
+    plus repeats of the incumbent until its figure rests on `replicas` runs. The step halves after
+    every stencil-and-model pair without an adoption; the search stops below `min_step`.
+
+    The trade-off: a model wave spends 16 slots on 4 points, so it confirms gains that 16 single
+    runs could not (4 comparisons, means of 3 runs) at the price of exploring fewer points; the
+    stencil is where the exploration happens.
+
+    Args:
+        step: the stencil's half-width in coded units ([-1, +1] is the space).
+        min_step: stop proposing once the step falls below this.
+        reach: how far the fitted step may go, in stencil half-widths.
+        replicas: runs of each model-wave point (and the incumbent's target run count).
+    """
+
+    name = "pattern"
+
+    def __init__(
+        self,
+        dims: Sequence[Dimension],
+        *,
+        lower_is_better: bool = True,
+        seed: int = 0,
+        step: float = 0.25,
+        min_step: float = 1 / 32,
+        reach: float = 4.0,
+        replicas: int = 2,
+        patience: int = 2,
+    ) -> None:
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
+        if replicas < 1:
+            raise UsageError(f"replicas must be at least 1, got `{replicas}`")
+        self.step, self.min_step, self.reach, self.replicas = step, min_step, reach, replicas
+        self.patience = patience
+        self._figures: dict[tuple, list[float]] = {}
+
+    def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:
+        self._figures[_key(knobs, self.dims)] = list(values)
+
+    def _values_at(self, key: tuple, history: Sequence[Observation]) -> list[float]:
+        seen = [o.value for o in history if o.value is not None and _key(o.knobs, self.dims) == key]
+        figure = self._figures.get(key, [])
+        return figure if len(figure) >= len(seen) else seen
+
+    def _stencil(self, centre: Mapping[str, str], step: float, names: Sequence[str]) -> list[Knobs]:
+        """Each named knob `step` coded units up and down from `centre` (one-sided at an edge)."""
+        out: list[Knobs] = []
+        keys = {_key(centre, self.dims)}
+        for dim in self.dims:
+            if dim.name not in names:
+                continue
+            current = self._incumbent_value(dim, centre)
+            if isinstance(dim, Choice):
+                values = [v for v in dim.values if v != current][:2]
+            else:
+                c = dim.coded(current)
+                if c + step > 1:
+                    offsets: tuple[float, float] = (-step, -2 * step)
+                elif c - step < -1:
+                    offsets = (step, 2 * step)
+                else:
+                    offsets = (step, -step)
+                values = []
+                for o in offsets:
+                    value = dim.from_coded(c + o)
+                    if value == current:  # an integer knob rounded back: widen until it moves
+                        value = _step_value(dim, current, 1 if o > 0 else -1, abs(o))
+                    values.append(value)
+            for value in values:
+                run = {**centre, dim.name: dim.to_source(value)}
+                key = _key(run, self.dims)
+                if key not in keys:
+                    out.append(run)
+                    keys.add(key)
+        return out
+
+    def _last_stencil(self, history: Sequence[Observation]) -> tuple[Knobs, list[Observation]] | None:
+        """The last wave's centre and runs when it was a stencil (each run moved at most one knob)."""
+        from collections import Counter
+
+        if not history:
+            return None
+        last = max(o.wave for o in history)
+        runs = [o for o in history if o.wave == last]
+        if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
+            return None
+        centre = {d.name: Counter(o.knobs[d.name] for o in runs).most_common(1)[0][0] for d in self.dims}
+        moved = set()
+        for o in runs:
+            diff = [d.name for d in self.dims if parse_value(o.knobs[d.name]) != parse_value(centre[d.name])]
+            if len(diff) > 1:
+                return None
+            moved.update(diff)
+        return (centre, runs) if len(moved) >= min(2, len(self.dims)) else None
+
+    def _noise(self, history: Sequence[Observation]) -> float:
+        """The pooled run-to-run sd of the configurations measured more than once (0 when none)."""
+        groups: dict[tuple, list[float]] = {}
+        for o in history:
+            if o.value is not None:
+                groups.setdefault(_key(o.knobs, self.dims), []).append(o.value)
+        for key, values in self._figures.items():
+            if len(values) > len(groups.get(key, [])):
+                groups[key] = list(values)
+        ss, df = 0.0, 0
+        for values in groups.values():
+            if len(values) > 1:
+                mean = sum(values) / len(values)
+                ss += sum((v - mean) ** 2 for v in values)
+                df += len(values) - 1
+        return math.sqrt(ss / df) if df else 0.0
+
+    def _fitted_step(
+        self, centre: Knobs, runs: Sequence[Observation], f0: float, noise: float
+    ) -> dict[str, tuple[object, float]]:
+        """Per knob: (the value the fit points to, the predicted gain), for knobs worth moving.
+
+        A knob whose stencil shows neither a curvature nor a gain above twice the noise stays:
+        near the optimum a weak knob's fit is noise, and following it would undo earlier gains.
+        """
+        sign = 1.0 if self.lower_is_better else -1.0
+        out: dict[str, tuple[object, float]] = {}
+        for dim in self.dims:
+            here = parse_value(centre[dim.name])
+            axis = [o for o in runs if parse_value(o.knobs[dim.name]) != here]
+            if not axis:
+                continue
+            if isinstance(dim, Choice):
+                ok = [o for o in axis if o.value is not None and sign * (o.value - f0) < -2 * noise]
+                if ok:
+                    best = min(ok, key=lambda o: sign * o.value)
+                    out[dim.name] = (parse_value(best.knobs[dim.name]), sign * (f0 - best.value))
+                continue
+            c0 = dim.coded(here)
+            points = [(dim.coded(parse_value(o.knobs[dim.name])) - c0, o.value) for o in axis]
+            crashed = [x for x, y in points if y is None]
+            fit = [(0.0, 0.0)] + [(x, sign * (y - f0)) for x, y in points if y is not None]
+            span = max(abs(x) for x, _ in points)
+            x_best, y_best = min(fit, key=lambda p: p[1])
+            move, gain = 0.0, 0.0
+            if len(fit) >= 3:
+                (x1, y1), (x2, y2) = fit[1], fit[2]
+                a = (y1 / x1 - y2 / x2) / (x1 - x2) if x1 != x2 else 0.0
+                b = y1 / x1 - a * x1
+                if a * span * span > 2 * noise:
+                    move = max(-self.reach * span, min(self.reach * span, -b / (2 * a)))
+                    gain = -(b * move + a * move * move)
+                elif y_best < -2 * noise:  # no curvature to trust: go past the better point
+                    move, gain = 2 * x_best, -y_best
+            elif y_best < -2 * noise:
+                move, gain = x_best, -y_best
+            for x in crashed:  # never step as far as a run that crashed
+                if x * move > 0 and abs(move) >= abs(x):
+                    move = x / 2
+            value = dim.from_coded(c0 + move)
+            if value != here and gain > 0:
+                out[dim.name] = (value, gain)
+        return out
+
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        misses = len({o.wave for o in _since_adoption(history)})
+        step = self.step / 2 ** (misses // self.patience)
+        if step < self.min_step:
+            return []
+        names = [d.name for d in self.dims]
+        last = self._last_stencil(history)
+        if last is None:  # the first wave, or after a resume: a stencil around the incumbent
+            return self._stencil(incumbent, step, names)[:k]
+        centre, runs = last
+        figure = self._values_at(_key(centre, self.dims), history)
+        if not figure:
+            return self._stencil(incumbent, step, names)[:k]
+        fitted = self._fitted_step(centre, runs, sum(figure) / len(figure), self._noise(history))
+        point = dict(centre)
+        for name, (value, _) in fitted.items():
+            dim = next(d for d in self.dims if d.name == name)
+            point[name] = dim.to_source(value)
+        if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the incumbent
+            point = dict(incumbent)
+        have = len(self._values_at(_key(point, self.dims), history))
+        repeats = max(self.replicas - have, 0)
+        repeats = 0 if repeats == 0 else max(repeats, 2)  # a single run would reuse a measured seed
+        # Knobs the last stencil left out come first, then the ones with the most to gain.
+        probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
+        order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
+        per_knob = max(1, (k - repeats) // 2)
+        stencil = self._stencil(point, step, order[:per_knob])
+        return ([point] * repeats + stencil)[:k]
+
+
 def make_strategy(name: str, dims: Sequence[Dimension], **options: Any) -> BaseStrategy:
-    """The strategy called `name` (`factorial`, `optuna`, `greedy`).
+    """The strategy called `name` (`factorial`, `optuna`, `greedy`, `pattern`).
 
     Raises:
         UsageError: an unknown name.
     """
-    for cls in (FactorialStrategy, OptunaStrategy, GreedyStrategy):
+    for cls in (FactorialStrategy, OptunaStrategy, GreedyStrategy, PatternStrategy):
         if cls.name == name:
             return cls(dims, **options)
-    raise UsageError(f"unknown strategy `{name}`; use factorial, optuna or greedy")
+    raise UsageError(f"unknown strategy `{name}`; use factorial, optuna, greedy or pattern")
 
 
 # --- the research loop ----------------------------------------------------------------------
@@ -449,6 +657,7 @@ def run_loop(
     resume_wave: str | None = None,
     on_wave: Callable[[WaveSummary], None] | None = None,
     clock: Callable[[], float] = time.time,
+    incumbent_values: Callable[[], Sequence[float]] | None = None,
 ) -> LoopResult:
     """Run waves until `waves` are done or `deadline` passes: propose, run, judge, adopt.
 
@@ -470,6 +679,8 @@ def run_loop(
             waited for and judged first.
         on_wave: called with each wave's summary (print `summary.line()`).
         clock: the time source for `deadline`.
+        incumbent_values: () -> the incumbent's metric values on the validation tier, handed to
+            `strategy.observe_incumbent` before each proposal.
 
     Raises:
         UsageError: neither `waves` nor `deadline` given, or `wave_size` < 1.
@@ -493,6 +704,8 @@ def run_loop(
             if deadline is not None and clock() >= deadline:
                 stopped = "deadline"
                 break
+            if incumbent_values is not None:
+                strategy.observe_incumbent(current, incumbent_values())
             proposals = strategy.propose(current, past, wave_size)
             if not proposals:
                 break

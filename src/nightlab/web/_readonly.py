@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nightlab import snapshots
-from nightlab.config import CONFIG_NAME, LabConfig, load_config
+from nightlab.config import LabConfig, load_lab_config
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.ledger import SCHEMA_VERSION, Experiment, Ledger, _to_experiment
 
@@ -71,7 +71,7 @@ class ReadOnlyLab:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.config: LabConfig = load_config(path / CONFIG_NAME)
+        self.config: LabConfig = load_lab_config(path).config
         self.ledger = ReadOnlyLedger(path / ".nightlab" / "ledger.db")
         self._version: str | None = None
         self._head: str | None = None
