@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from labkit import SYNTHETIC_TRAIN, nightlab
+from labkit import SYNTHETIC_TRAIN, commit, nightlab
 
 
 @pytest.fixture
@@ -44,18 +42,7 @@ def make_lab(tmp_path: Path, target_repo: Path):
             text = text.replace("retries = 2", f"retries = {retries}")
         text = text.replace("[search]", extra_pools + "\n[search]") if extra_pools else text
         toml.write_text(text)
-        subprocess.run(
-            ["git", "commit", "-qam", "test config", "--no-verify"],
-            cwd=lab,
-            check=True,
-            env={
-                **os.environ,
-                "GIT_AUTHOR_NAME": "t",
-                "GIT_AUTHOR_EMAIL": "t@t",
-                "GIT_COMMITTER_NAME": "t",
-                "GIT_COMMITTER_EMAIL": "t@t",
-            },
-        )
+        commit(lab, "test config")
         created.append(lab)
         return lab
 

@@ -84,6 +84,20 @@ def nightlab(
     return proc
 
 
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def commit(lab: Path, message: str = "test edit", *paths: str) -> None:
+    """Commit the lab's tracked edits (or just `paths`) as a test user."""
+    args = ["git", "commit", "-q", "--no-verify", "-m", message, *(["--", *paths] if paths else ["-a"])]
+    subprocess.run(args, cwd=lab, check=True, env={**os.environ, **GIT_ENV})
+
+
 def wait_json(lab: Path, *ids: str, timeout: float = 60) -> list[dict]:
     proc = nightlab("wait", *ids, "--timeout", str(timeout), "--json", cwd=lab)
     return json.loads(proc.stdout)

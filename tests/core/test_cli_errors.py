@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
-from labkit import nightlab, wait_json
+from labkit import commit, nightlab, wait_json
 
 
 def count(lab: Path) -> int:
@@ -115,17 +114,6 @@ def test_uncommitted_config_edits_are_not_in_force(make_lab):
     wait_json(lab, eid)
     res = json.loads(nightlab("results", "--json", cwd=lab).stdout)
     assert res["metric"] == "val_bpb" and res["experiments"][0]["val_bpb"] == 1.0
-    subprocess.run(
-        ["git", "commit", "-qm", "metric", "nightlab.toml"],
-        cwd=lab,
-        check=True,
-        env={
-            **os.environ,
-            "GIT_AUTHOR_NAME": "t",
-            "GIT_AUTHOR_EMAIL": "t@t",
-            "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@t",
-        },
-    )
+    commit(lab, "metric", "nightlab.toml")
     committed = nightlab("results", "--json", cwd=lab)
     assert json.loads(committed.stdout)["metric"] == "peak_vram_mb" and "uncommitted" not in committed.stderr

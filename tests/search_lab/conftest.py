@@ -4,24 +4,12 @@ with short runs and a known noise (labkit.SYNTHETIC_TRAIN: val_bpb = 1 + 10 (log
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from labkit import commit
 from nightlab.search.knobs import set_knobs
-
-
-def commit(lab: Path, message: str = "test edit") -> None:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    subprocess.run(["git", "commit", "-qam", message, "--no-verify"], cwd=lab, check=True, env=env)
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import commit
-from labkit import nightlab, wait_json
+from labkit import commit, nightlab, wait_json
 
 # val_bpb = 2 + 0.30 a - 0.20 b + 0.05 c + 0.10 a b (+ seeded noise), a = 2 A - 1 etc.
 EFFECTS_TRAIN = """\

@@ -78,7 +78,7 @@ def test_bad_input_is_a_usage_error(quick_lab):
 
 
 def test_stale_incumbent_is_re_measured_inside_the_wave(quick_lab):
-    from conftest import commit
+    from labkit import commit
 
     lab = quick_lab(sleep=0.05)
     toml = lab / "nightlab.toml"

@@ -257,7 +257,7 @@ def test_cached_pages_follow_the_ledger(make_lab):
 
     from fastapi.testclient import TestClient
 
-    from conftest import nightlab
+    from labkit import nightlab
 
     lab = make_lab(slots=1)
     with TestClient(create_app(lab)) as c:
