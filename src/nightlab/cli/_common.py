@@ -52,9 +52,10 @@ def say(message: str) -> None:
 
 
 def console():
+    """Tables for stdout. Piped (an agent, a file), rich would cut rows at 80 columns: allow 200."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 
 def ago(ts: float | None) -> str:
