@@ -23,6 +23,7 @@ from nightlab.search.strategies import (
     GreedyStrategy,
     Observation,
     OptunaStrategy,
+    PatternStrategy,
     make_strategy,
     run_loop,
 )
@@ -106,6 +107,82 @@ def test_greedy_list_knob_steps_to_neighbours() -> None:
 # --- optuna ---------------------------------------------------------------------------------
 
 QUAD_DIMS = [parse_space("X=uniform(-2,2)"), parse_space("Y=uniform(-2,2)")]
+
+
+# --- pattern ----------------------------------------------------------------------------------
+
+PATTERN_DIMS = [parse_space("X=uniform(0,1)"), parse_space("Y=uniform(0,1)"), parse_space("Z=uniform(0,1)")]
+
+
+def bowl3(knobs: dict[str, str]) -> float:
+    """Exactly quadratic in coded units (X, Y, Z uniform on [0, 1]): best at X = 0.7, Y = 0.3; Z is flat."""
+    x, y = parse_value(knobs["X"]), parse_value(knobs["Y"])
+    return 1.0 + 2.0 * (x - 0.7) ** 2 + 0.5 * (y - 0.3) ** 2
+
+
+def test_pattern_stencil_then_the_fitted_minimum_with_repeats() -> None:
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
+    first = strategy.propose(incumbent, [], 16)
+    # +-0.25 coded = +-0.125; Y sits at the top edge, so its stencil is one-sided
+    assert [(r["X"], r["Y"], r["Z"]) for r in first] == [
+        ("0.625", "1.0", "0.5"),
+        ("0.375", "1.0", "0.5"),
+        ("0.5", "0.875", "0.5"),
+        ("0.5", "0.75", "0.5"),
+        ("0.5", "1.0", "0.625"),
+        ("0.5", "1.0", "0.375"),
+    ]
+    history = [Observation(f"e{i}", r, bowl3(r), wave=0) for i, r in enumerate(first)]
+    assert strategy.propose(incumbent, history, 16) == first  # no figure of the centre: the stencil again
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)])
+    second = strategy.propose(incumbent, history, 16)
+    # a parabola through three exact points finds each minimum; the flat Z stays
+    assert second[0] == second[1] == {"X": "0.7", "Y": "0.3", "Z": "0.5"}
+    assert {(r["X"], r["Y"]) for r in second[2:]} >= {("0.825", "0.3"), ("0.575", "0.3"), ("0.7", "0.425")}
+    assert len(second) == 2 + 6
+    # a smaller wave: the new point twice, then the knob with the most to gain (Y: 0.245 against 0.08)
+    small = strategy.propose(incumbent, history, 4)
+    assert [(r["X"], r["Y"]) for r in small] == [
+        ("0.7", "0.3"),
+        ("0.7", "0.3"),
+        ("0.7", "0.425"),
+        ("0.7", "0.175"),
+    ]
+
+
+def test_pattern_after_a_crash_goes_only_to_the_better_run_and_ignores_noise() -> None:
+    strategy = PatternStrategy(PATTERN_DIMS[:2], step=0.25)
+    incumbent = {"X": "0.5", "Y": "0.5"}
+    runs = strategy.propose(incumbent, [], 8)
+    values = {"0.625": None, "0.375": 0.98}  # up in X crashed; down in X is better
+
+    def value(r: dict[str, str]) -> float | None:
+        if r["X"] != "0.5":
+            return values[r["X"]]
+        return 1.0 + (0.0001 if r["Y"] == "0.625" else -0.0001)  # Y: inside the noise
+
+    history = [Observation(f"e{i}", r, value(r), wave=0) for i, r in enumerate(runs)]
+    history += [Observation("r1", incumbent, 1.002, wave=0), Observation("r2", incumbent, 0.998, wave=0)]
+    strategy.observe_incumbent(incumbent, [1.002, 0.998])
+    proposals = strategy.propose(incumbent, history, 8)
+    # the measured point has 1 run: one more would reuse its seed, so it gets 2
+    assert proposals[:2] == [{"X": "0.375", "Y": "0.5"}] * 2
+    assert [(r["X"], r["Y"]) for r in proposals[2:]] == [  # and the stencil around it
+        ("0.5", "0.5"),
+        ("0.25", "0.5"),
+        ("0.375", "0.625"),
+        ("0.375", "0.375"),
+    ]
+
+
+def test_pattern_stops_after_misses_and_checks_options() -> None:
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25, min_step=0.1, patience=1)
+    history = [Observation(f"e{w}", {"X": "0.5"}, 1.0, wave=w) for w in range(2)]
+    assert strategy.propose({"X": "0.5", "Y": "0.5", "Z": "0.5"}, history, 16) == []
+    with pytest.raises(UsageError, match="must be at least 1"):
+        PatternStrategy(PATTERN_DIMS, replicas=0)
+    assert isinstance(make_strategy("pattern", PATTERN_DIMS), PatternStrategy)
 
 
 def quadratic(knobs: dict[str, str]) -> float:
@@ -232,6 +309,7 @@ class FakeLab:
             wait_wave=self.wait,
             decide=self.decide,
             adopt=self.adopt,
+            incumbent_values=lambda: self.incumbent_values,
             **kwargs,
         )
 
@@ -245,7 +323,7 @@ def bowl(knobs: dict[str, str]) -> float:
     return 1.0 + 0.05 * (math.log10(lr) + 2) ** 2 + 0.002 * (depth - 8) ** 2
 
 
-@pytest.mark.parametrize("name", ["greedy", "factorial", "optuna"])
+@pytest.mark.parametrize("name", ["greedy", "factorial", "optuna", "pattern"])
 def test_loop_keeps_real_gains(name: str) -> None:
     lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, sigma=0.002)
     start = bowl(lab.incumbent)
@@ -265,7 +343,7 @@ def test_loop_keeps_real_gains(name: str) -> None:
     assert any("adopted" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", ["greedy", "factorial"])
+@pytest.mark.parametrize("name", ["greedy", "factorial", "pattern"])
 def test_loop_does_not_keep_gains_inside_the_noise(name: str) -> None:
     def nearly_flat(knobs: dict[str, str]) -> float:  # the best corner is 0.5 sigma better
         return 1.0 - 0.0005 * LOOP_DIMS[0].coded(parse_value(knobs["LR"]))

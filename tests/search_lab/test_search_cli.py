@@ -132,3 +132,36 @@ def test_factorial_effects_step_runs_the_predicted_point(quick_lab):
     assert len(stepped) == 2 and {runs[i]["params"]["LR"] for i in stepped} == {"0.02"}
     assert {runs[i]["params"]["SLEEP"] for i in stepped} == {"0.05"}
     assert wave["adopted"] is not None and knob(lab, "LR") == "0.02"
+
+
+def test_pattern_measures_the_fitted_point_twice_in_one_snapshot(quick_lab):
+    lab = quick_lab(slots=2, sleep=0.05, noise=0.001)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    proc = nightlab(
+        "search",
+        "--strategy",
+        "pattern",
+        "--space",
+        WIDE,
+        "--waves",
+        "2",
+        "--wave-size",
+        "4",
+        "--json",
+        cwd=lab,
+    )
+    first, second = json.loads(proc.stdout)["waves"]
+    assert (first["proposed"], second["proposed"]) == (
+        2,
+        4,
+    )  # a stencil on LR; the fitted point x2 + a stencil
+    runs = json.loads(nightlab("waves", second["wave"], "--json", cwd=lab).stdout)["experiments"]
+    by_point: dict[str, list[int]] = {}
+    for e in runs:
+        by_point.setdefault(e["params"]["LR"], []).append(e["seed"])
+    # the point listed twice is one submission with two seeds, not a duplicate refused;
+    # the parabola through the stencil finds the optimum of the synthetic target (LR = 0.02)
+    [(point, seeds)] = [(lr, seeds) for lr, seeds in by_point.items() if len(seeds) > 1]
+    assert seeds == [0, 1] and abs(float(point) - 0.02) < 0.0005
+    del by_point[point]
+    assert sorted(len(seeds) for seeds in by_point.values()) == [1, 1]

@@ -14,12 +14,12 @@ at any point resumes by handing a fresh strategy the history from the ledger:
 - `GreedyStrategy`: the autoresearch baseline, a sequential one-knob-at-a-time hill climb: try
   each knob one step up and one step down from the incumbent; after all moves at a step failed,
   halve the step.
-- `PatternStrategy`: the parallel counterpart of greedy with a model step. Waves alternate: a
-  stencil wave moves every knob one step up and one step down from the incumbent (8 knobs: 16
-  runs); the next wave fits a parabola per knob through its three points (the incumbent's figure
-  in the middle) and measures a few points along the fitted step, each with repeats, plus repeats
-  of the incumbent when its figure rests on one run. Repeats cut the multiple-comparison
-  correction (4 candidates instead of 16) and make the adopted figure a mean, not one lucky run.
+- `PatternStrategy`: the parallel counterpart of greedy, with a model step. Every wave is a
+  stencil: each knob one step up and one step down from a centre (8 knobs: 16 runs). A parabola
+  per knob through the centre's figure and its two stencil points gives the next centre (each
+  knob at its fitted minimum), which the next wave measures twice, with a stencil around it on
+  the knobs that fit in the rest of the wave. The predicted point is measured with repeats: one
+  of its runs alone would be a lucky-run figure once adopted.
 
 `run_loop` is `nightlab search`: propose a wave, submit it, wait, pick and judge the winner,
 adopt it, repeat until the wave budget or the deadline is spent. The caller supplies the
@@ -388,26 +388,33 @@ class OptunaStrategy(BaseStrategy):
 
 
 class PatternStrategy(BaseStrategy):
-    """Parallel coordinate search: a stencil wave, then a wave along the fitted per-knob step.
+    """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
 
-    A stencil wave moves each knob `step` coded units up and down from the incumbent, the others
-    kept (one-sided, +-step and +-2 step, at an edge of the space): 2 runs per knob. The wave after
-    it fits a parabola per knob through its stencil points and the incumbent's figure, takes each
-    knob to the parabola's minimum (at most `reach` stencil widths away; towards the better point
-    when the fit is not convex), and measures the combined step, the step restricted to the knobs
-    that carry 90 % of the predicted gain, half the step and 1.25 times it, each `replicas` times,
-    plus repeats of the incumbent until its figure rests on `replicas` runs. The step halves after
-    every stencil-and-model pair without an adoption; the search stops below `min_step`.
+    The first wave is a stencil around the incumbent: each knob `step` coded units up and down,
+    the others kept (+step and +2 step, or -step and -2 step, at an edge of the space). Each wave
+    after it fits, per knob, a parabola through the last stencil's two points on that knob and
+    its centre's figure, and moves every knob to the parabola's minimum (at most `reach` stencil
+    widths away; past the better point when the fit is not convex; with a crashed stencil run,
+    only as far as the measured point that was better). A
+    knob whose stencil shows neither a curvature nor a gain above twice the noise (the pooled sd
+    of repeated configurations) stays where it is. The new point is the next centre: the wave
+    measures it `replicas` times plus a stencil around it on as many knobs as the wave has room
+    for, knobs the last stencil left out first, then those with the largest predicted gain.
 
-    The trade-off: a model wave spends 16 slots on 4 points, so it confirms gains that 16 single
-    runs could not (4 comparisons, means of 3 runs) at the price of exploring fewer points; the
-    stencil is where the exploration happens.
+    So every wave both follows the model and measures what the next step needs; the loop judges
+    the centre (a mean of `replicas` runs) against the stencil points like any other candidates.
+    The step halves after every `patience` waves without an adoption; the search stops below
+    `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
+    decay) are crossed in a zig-zag, one knob-wise step per wave: a quadratic with interactions
+    fitted on the last stencils, and a secant update of the interactions, were tried on
+    bench/search_sim.py and did not help (the fits were not convex or overshot).
 
     Args:
         step: the stencil's half-width in coded units ([-1, +1] is the space).
         min_step: stop proposing once the step falls below this.
         reach: how far the fitted step may go, in stencil half-widths.
-        replicas: runs of each model-wave point (and the incumbent's target run count).
+        replicas: runs of each new centre.
+        patience: waves without an adoption before the step halves.
     """
 
     name = "pattern"
@@ -425,14 +432,16 @@ class PatternStrategy(BaseStrategy):
         patience: int = 2,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
-        if replicas < 1:
-            raise UsageError(f"replicas must be at least 1, got `{replicas}`")
+        if replicas < 1 or patience < 1:
+            raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
         self.step, self.min_step, self.reach, self.replicas = step, min_step, reach, replicas
         self.patience = patience
         self._figures: dict[tuple, list[float]] = {}
+        self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
     def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:
         self._figures[_key(knobs, self.dims)] = list(values)
+        self._incumbents.append(dict(knobs))
 
     def _values_at(self, key: tuple, history: Sequence[Observation]) -> list[float]:
         seen = [o.value for o in history if o.value is not None and _key(o.knobs, self.dims) == key]
@@ -481,14 +490,41 @@ class PatternStrategy(BaseStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
-        centre = {d.name: Counter(o.knobs[d.name] for o in runs).most_common(1)[0][0] for d in self.dims}
+        counts = {
+            d.name: Counter(repr(parse_value(o.knobs[d.name])) for o in runs).most_common(2)
+            for d in self.dims
+        }
+        centre = {
+            d.name: next(
+                o.knobs[d.name] for o in runs if repr(parse_value(o.knobs[d.name])) == counts[d.name][0][0]
+            )
+            for d in self.dims
+        }
+        if any(len(c) > 1 and c[0][1] == c[1][1] for c in counts.values()):
+            # a knob's centre value is not the most common one (one knob probed, the centre not run in
+            # the wave): the centre is the configuration every run differs from in exactly one knob
+            known = [*reversed(self._incumbents), *(o.knobs for o in history if o.wave < last)]
+            centre = next(
+                (
+                    dict(c)
+                    for c in known
+                    if all(d.name in c for d in self.dims)
+                    and all(
+                        sum(parse_value(o.knobs[d.name]) != parse_value(c[d.name]) for d in self.dims) == 1
+                        for o in runs
+                    )
+                ),
+                {},
+            )
+            if not centre:
+                return None
         moved = set()
         for o in runs:
             diff = [d.name for d in self.dims if parse_value(o.knobs[d.name]) != parse_value(centre[d.name])]
             if len(diff) > 1:
                 return None
             moved.update(diff)
-        return (centre, runs) if len(moved) >= min(2, len(self.dims)) else None
+        return (centre, runs) if moved else None
 
     def _noise(self, history: Sequence[Observation]) -> float:
         """The pooled run-to-run sd of the configurations measured more than once (0 when none)."""
@@ -530,7 +566,6 @@ class PatternStrategy(BaseStrategy):
                 continue
             c0 = dim.coded(here)
             points = [(dim.coded(parse_value(o.knobs[dim.name])) - c0, o.value) for o in axis]
-            crashed = [x for x, y in points if y is None]
             fit = [(0.0, 0.0)] + [(x, sign * (y - f0)) for x, y in points if y is not None]
             span = max(abs(x) for x, _ in points)
             x_best, y_best = min(fit, key=lambda p: p[1])
@@ -544,11 +579,8 @@ class PatternStrategy(BaseStrategy):
                     gain = -(b * move + a * move * move)
                 elif y_best < -2 * noise:  # no curvature to trust: go past the better point
                     move, gain = 2 * x_best, -y_best
-            elif y_best < -2 * noise:
+            elif y_best < -2 * noise:  # a stencil run crashed: only as far as the better measured point
                 move, gain = x_best, -y_best
-            for x in crashed:  # never step as far as a run that crashed
-                if x * move > 0 and abs(move) >= abs(x):
-                    move = x / 2
             value = dim.from_coded(c0 + move)
             if value != here and gain > 0:
                 out[dim.name] = (value, gain)
@@ -567,7 +599,8 @@ class PatternStrategy(BaseStrategy):
         figure = self._values_at(_key(centre, self.dims), history)
         if not figure:
             return self._stencil(incumbent, step, names)[:k]
-        fitted = self._fitted_step(centre, runs, sum(figure) / len(figure), self._noise(history))
+        f0 = sum(figure) / len(figure)
+        fitted = self._fitted_step(centre, runs, f0, self._noise(history))
         point = dict(centre)
         for name, (value, _) in fitted.items():
             dim = next(d for d in self.dims if d.name == name)
@@ -576,7 +609,8 @@ class PatternStrategy(BaseStrategy):
             point = dict(incumbent)
         have = len(self._values_at(_key(point, self.dims), history))
         repeats = max(self.replicas - have, 0)
-        repeats = 0 if repeats == 0 else max(repeats, 2)  # a single run would reuse a measured seed
+        if repeats == 1 and have:  # one more run would ask for seed 0 again, which is measured
+            repeats = 2
         # Knobs the last stencil left out come first, then the ones with the most to gain.
         probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
