@@ -30,7 +30,7 @@ Goal (issue 4): with 16 workers, >= 12x at greedy's full budget (the public 16-G
 and no wrong keep in 20 seeded runs.
 
 Usage: .venv/bin/python bench/search_sim.py [--seeds 20] [--run 0.3] [--budget 60] [--max-waves 12]
-           [--strategies factorial,optuna,greedy] [--screen] [--step]
+           [--strategies factorial,optuna,pattern,greedy] [--screen] [--step]
 """
 
 from __future__ import annotations
@@ -352,7 +352,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=60, help="waves (~ runs) of the sequential greedy arm")
     parser.add_argument("--max-waves", type=int, default=12, help="waves a parallel arm may use")
     parser.add_argument(
-        "--strategies", default="factorial,optuna", help="parallel strategies, comma-separated"
+        "--strategies", default="factorial,optuna,pattern", help="parallel strategies, comma-separated"
     )
     parser.add_argument("--screen", action="store_true", help="also run factorial screened on the fast tier")
     parser.add_argument("--step", action="store_true", help="also run factorial with the main-effects step")
