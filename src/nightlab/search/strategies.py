@@ -566,6 +566,9 @@ class PatternStrategy(BaseStrategy):
                 continue
             c0 = dim.coded(here)
             points = [(dim.coded(parse_value(o.knobs[dim.name])) - c0, o.value) for o in axis]
+            points = [(x, y) for x, y in points if x != 0]  # both clipped to one edge: no slope to see
+            if not points:
+                continue
             fit = [(0.0, 0.0)] + [(x, sign * (y - f0)) for x, y in points if y is not None]
             span = max(abs(x) for x, _ in points)
             x_best, y_best = min(fit, key=lambda p: p[1])
