@@ -177,16 +177,9 @@ class ResultRow:
     def to_dict(self, metric: str) -> dict:
         e = self.experiment
         return {
-            "id": e.id,
-            "status": e.status.label,
-            "outcome": e.outcome,
-            "verdict": e.verdict,
-            "tier": e.tier,
-            "seed": e.seed,
+            **e.brief(metric),
             "wave": e.wave,
             "snapshot": e.snapshot,
-            "description": e.description,
-            metric: self.value,
             "delta": self.delta,
             "submitted_at": e.submitted_at,
             "finished_at": e.finished_at,

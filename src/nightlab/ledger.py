@@ -188,6 +188,21 @@ class Experiment(_AsDict):
         d["status"] = self.status.label
         return d
 
+    def brief(self, metric: str) -> dict[str, Any]:
+        """The fields a listing of runs shows, with `metric` for an ok run (None otherwise)."""
+        return {
+            "id": self.id,
+            "status": self.status.label,
+            "outcome": self.outcome,
+            "verdict": self.verdict,
+            "tier": self.tier,
+            "seed": self.seed,
+            "source": self.source,
+            "params": self.params,
+            "description": self.description,
+            metric: self.metric(metric) if self.ok else None,
+        }
+
 
 @dataclass(frozen=True)
 class Attempt(_AsDict):

@@ -667,25 +667,13 @@ class WaveStatus:
             "best": None if best is None else {"id": best.id, self.metric: best.metric(self.metric)},
             "incumbent": None if self.incumbent is None else self.incumbent.__dict__,
             "promotion": self.promotion,
-            "experiments": [
-                {
-                    "id": e.id,
-                    "status": e.status.label,
-                    "outcome": e.outcome,
-                    "verdict": e.verdict,
-                    "tier": e.tier,
-                    "seed": e.seed,
-                    "source": e.source,
-                    "params": e.params,
-                    self.metric: e.metric(self.metric) if e.ok else None,
-                }
-                for e in self.runs
-            ],
+            "experiments": [e.brief(self.metric) for e in self.runs],
             "spec": self.wave.spec,
         }
 
 
-def _wave_runs(lab: Lab, wave: Wave) -> list[Experiment]:
+def wave_runs(lab: Lab, wave: Wave) -> list[Experiment]:
+    """A wave's runs: its members and the earlier measurements it reused, in submission order."""
     members = lab.ledger.experiments(wave=wave.id)
     reused_ids = [i for i in wave.spec.get("reused", {}).values() if i not in {e.id for e in members}]
     reused = lab.ledger.experiments(ids=reused_ids) if reused_ids else []
@@ -702,7 +690,7 @@ def wave_points(lab: Lab, wave: Wave) -> list[tuple[Experiment, dict[str, str]]]
     reused = {eid: dict(planned[int(i)]) for i, eid in wave.spec.get("reused", {}).items()}
     return [
         (e, reused.get(e.id, dict(e.params)))
-        for e in _wave_runs(lab, wave)
+        for e in wave_runs(lab, wave)
         if e.id in reused or (e.wave == wave.id and e.source in CANDIDATE_SOURCES)
     ]
 
@@ -746,7 +734,7 @@ def wave_status(lab: Lab, wave_id: str) -> WaveStatus:
     from nightlab.analysis import incumbent_figure
 
     wave = lab.ledger.wave(wave_id)
-    runs = refresh_verdicts(lab, wave, _wave_runs(lab, wave))
+    runs = refresh_verdicts(lab, wave, wave_runs(lab, wave))
     incumbent = incumbent_figure(lab.ledger, lab.config, lab.path, wave.tier) if wave.tier else None
     promotion = _promotion(lab, wave, runs) if wave.design == "promote" else None
     return WaveStatus(

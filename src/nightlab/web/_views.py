@@ -393,28 +393,11 @@ def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
         UnknownExperimentError: no such wave.
     """
     w = lab.ledger.wave(wave_id)
-    # members, and the earlier measurements a sweep reused for some of its design points
+    from nightlab.waves import wave_runs
+
     reused = set(w.spec.get("reused", {}).values()) if isinstance(w.spec.get("reused"), dict) else set()
-    members = lab.ledger.experiments(wave=w.id)
-    extra = lab.ledger.experiments(ids=sorted(reused - {e.id for e in members})) if reused else []
-    exps = sorted([*members, *extra], key=lambda e: e.seq)
     metric = lab.config.metric.name
-    rows = [
-        {
-            "id": e.id,
-            "status": e.status.label,
-            "outcome": e.outcome,
-            "verdict": e.verdict,
-            "tier": e.tier,
-            "seed": e.seed,
-            "params": e.params,
-            metric: e.metric(metric) if e.ok else None,
-            "description": e.description,
-            "source": e.source,
-            "reused": e.id in reused,
-        }
-        for e in exps
-    ]
+    rows = [{**e.brief(metric), "reused": e.id in reused} for e in wave_runs(lab, w)]
     return finite(
         {
             **w.to_dict(),
