@@ -73,14 +73,7 @@ def run_demo(
         force: replace `directory` even if `nightlab demo` did not create it.
         say: where progress lines go.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from nightlab import waves
-    from nightlab.harness.data import prepare
-    from nightlab.harness.profiles import Profile
-    from nightlab.lab import InitOptions, Lab, init_lab
-    from nightlab.report import write_report
+    from nightlab.lab import InitOptions, init_lab
 
     started = time.time()
     directory = directory.resolve()
@@ -89,6 +82,25 @@ def run_demo(
     say(f"[1/6] creating the lab {directory} (built-in GPT target, cpu profile, {slots} CPU slots)")
     init_lab(directory, InitOptions(profile="cpu", cpu_slots=slots, budget=budget))
     (directory / ".nightlab" / MARKER).write_text("made by nightlab demo; the next demo replaces this lab\n")
+
+    try:
+        return _run(directory, spaces=spaces, say=say, started=started)
+    finally:
+        # the demo leaves no fleet behind, also when interrupted (running runs are requeued)
+        from nightlab.fleet import daemon
+
+        daemon.stop(directory)
+
+
+def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> DemoResult:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nightlab import waves
+    from nightlab.harness.data import prepare
+    from nightlab.harness.profiles import Profile
+    from nightlab.lab import Lab
+    from nightlab.report import write_report
 
     with Lab(directory) as lab:
         profile = Profile.from_dict(lab.config.profile or {})

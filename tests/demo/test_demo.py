@@ -23,6 +23,8 @@ def test_demo_runs_every_stage_and_replaces_its_own_lab(tmp_path, monkeypatch):
     assert sum(1 for r in rows[1:] if r.split("\t")[3] == "keep") >= 2  # the two baseline runs
     res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
     assert {e["outcome"] for e in res["experiments"]} == {"ok"}
+    status = json.loads(nightlab("status", "--json", cwd=lab).stdout)
+    assert not status["controller"]["running"]  # the demo leaves no fleet behind
     # a second demo replaces the lab it made; a directory it did not make is refused
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
