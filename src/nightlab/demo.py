@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightlab.errors import UsageError
+from nightlab.errors import NightlabError, UsageError
 
 DEMO_DIR = Path("nightlab-demo")
 MARKER = "demo"  # a file in .nightlab/ that says the lab was made by `nightlab demo`
@@ -133,9 +133,14 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
         say(f"[3/6] measuring the baseline twice: the noise floor ({per_run:.0f} s of training each)")
         noise = waves.noise(lab, repeats=2, tier=tier)
         wait("baseline x2", [e.id for e in noise.experiments])
-        base = [e.metric(metric) for e in lab.ledger.experiments(wave=noise.wave.id) if e.ok]
+        runs = lab.ledger.experiments(wave=noise.wave.id)
+        base = [e.metric(metric) for e in runs if e.ok]
         if not base:
-            raise UsageError("the baseline runs crashed; see `nightlab show` for their logs")
+            first = runs[0]
+            raise NightlabError(
+                f"the baseline runs failed ({first.id}: {first.outcome}: {first.detail}); "
+                f"see `nightlab show {first.id} --lab {directory}`"
+            )
         baseline = sum(base) / len(base)
         say(f"      baseline {metric} {baseline:.4f} (runs: {', '.join(f'{v:.4f}' for v in base)})")
 

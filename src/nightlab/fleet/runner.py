@@ -200,7 +200,7 @@ def classify(
         if max_training_seconds and isinstance(trained, float) and trained > max_training_seconds:
             return Outcome(
                 "invalid",
-                f"trained {trained:.1f} s, over the lab's budget ({max_training_seconds:.0f} s + 10 %)",
+                f"trained {trained:.1f} s, more than the lab's budget allows ({max_training_seconds:.1f} s)",
                 summary,
             )
         return Outcome("ok", None, summary)
