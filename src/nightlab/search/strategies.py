@@ -144,15 +144,8 @@ def _step_value(dim: Dimension, current: object, direction: int, step: float) ->
     return value
 
 
-class FactorialStrategy(BaseStrategy):
-    """Two-level designs centred on the incumbent, shrinking while nothing wins.
-
-    Args:
-        step: half the distance between the two levels, in coded units ([-1, +1] is the space).
-        min_step: stop proposing once the step falls below this.
-    """
-
-    name = "factorial"
+class _SteppedStrategy(BaseStrategy):
+    """A strategy that moves knobs by a step (in coded units) and stops below `min_step`."""
 
     def __init__(
         self,
@@ -165,6 +158,17 @@ class FactorialStrategy(BaseStrategy):
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
         self.step, self.min_step = step, min_step
+
+
+class FactorialStrategy(_SteppedStrategy):
+    """Two-level designs centred on the incumbent, shrinking while nothing wins.
+
+    Args:
+        step: half the distance between the two levels, in coded units ([-1, +1] is the space).
+        min_step: stop proposing once the step falls below this.
+    """
+
+    name = "factorial"
 
     def design(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> Design | None:
         """The next wave's design (its coded levels feed `effects`), or None once converged."""
@@ -204,7 +208,7 @@ class FactorialStrategy(BaseStrategy):
         return [] if design is None else list(design.runs)
 
 
-class GreedyStrategy(BaseStrategy):
+class GreedyStrategy(_SteppedStrategy):
     """One knob at a time, one step up and one step down from the incumbent (autoresearch's loop).
 
     Args:
@@ -213,18 +217,6 @@ class GreedyStrategy(BaseStrategy):
     """
 
     name = "greedy"
-
-    def __init__(
-        self,
-        dims: Sequence[Dimension],
-        *,
-        lower_is_better: bool = True,
-        seed: int = 0,
-        step: float = 0.5,
-        min_step: float = 1 / 16,
-    ) -> None:
-        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
-        self.step, self.min_step = step, min_step
 
     def _moves(self, incumbent: Mapping[str, str], step: float) -> list[Knobs]:
         moves = []
@@ -387,7 +379,7 @@ class OptunaStrategy(BaseStrategy):
         return out
 
 
-class PatternStrategy(BaseStrategy):
+class PatternStrategy(_SteppedStrategy):
     """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
 
     The first wave is a stencil around the incumbent: each knob `step` coded units up and down,
@@ -431,10 +423,10 @@ class PatternStrategy(BaseStrategy):
         replicas: int = 2,
         patience: int = 2,
     ) -> None:
-        super().__init__(dims, lower_is_better=lower_is_better, seed=seed)
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
             raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
-        self.step, self.min_step, self.reach, self.replicas = step, min_step, reach, replicas
+        self.reach, self.replicas = reach, replicas
         self.patience = patience
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
