@@ -16,23 +16,12 @@ from pathlib import Path
 from nightlab import snapshots
 from nightlab.config import LabConfig
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger
-
-
-@dataclass(frozen=True)
-class Figure:
-    """Mean, sample standard deviation and count of a snapshot's ok runs on one tier."""
-
-    mean: float
-    std: float | None
-    n: int
+from nightlab.search.decide import Figure
 
 
 def figure(values: list[float]) -> Figure | None:
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-    return Figure(mean, std, len(values))
+    """The `Figure` (mean, sample std, n) of the values, or None when there are none."""
+    return Figure.of(values) if values else None
 
 
 def ok_values(experiments: list[Experiment], metric: str) -> list[float]:
