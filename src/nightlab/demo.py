@@ -159,10 +159,7 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
             wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
             n = min(MAX_SETTLE_REPEATS, wanted or MAX_SETTLE_REPEATS)
             say(f"      {best.id} is within the noise: {n} more runs to settle it")
-            files, base_commit = lab.files_of(best.id)
-            more = lab.submit(
-                f"repeat {best.id}", overrides=files, base=base_commit, tier=tier, repeats=n, source="demo"
-            )
+            more = waves.submit_repeats(lab, best.id, tier=tier, n=n, wave=sweep.wave.id)
             wait(f"repeats of {best.id}", [e.id for e in more])
             best = lab.ledger.get(best.id)
         if best is not None and best.verdict == "keep":
