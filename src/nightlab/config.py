@@ -246,9 +246,7 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         max_restarts_per_hour=restarts,
         commands=dict(commands),
     )
-    return LabConfig(
-        target=target, metric=metric, fleet=fleet, search=search, profile=profile, agent=agent, raw=doc
-    )
+    return LabConfig(target=target, metric=metric, fleet=fleet, search=search, profile=profile, agent=agent)
 
 
 def load_config(path: Path) -> LabConfig:

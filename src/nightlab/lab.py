@@ -320,11 +320,10 @@ class Lab:
         tier = self.check_tier(tier or self.config.fleet.default_tier)
         files = dict(overrides or {})
         if sets:
-            files.update(self._apply_sets(sets, files, base))
-        commit, tree = snapshots.create_snapshot(
+            files.update(self._apply_sets(sets, files))
+        commit, tree, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
-        parent = snapshots.git_text(self.path, "rev-parse", f"{commit}^")
         if repeats == 1 and seed is None:
             seeds = [0]
         elif seed is not None:
@@ -379,7 +378,7 @@ class Lab:
                 continue
         return files, exp.parent or "HEAD"
 
-    def _apply_sets(self, sets: dict[str, str], files: dict[str, bytes], base: str) -> dict[str, bytes]:
+    def _apply_sets(self, sets: dict[str, str], files: dict[str, bytes]) -> dict[str, bytes]:
         from nightlab.search.knobs import list_knobs, set_knobs
 
         remaining = dict(sets)

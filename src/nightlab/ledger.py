@@ -542,6 +542,14 @@ class Ledger:
                 )
         return out
 
+    def cancel_requests(self) -> set[str]:
+        """Ids of running experiments someone asked to cancel (the controller polls this)."""
+        rows = self._query(
+            "SELECT id FROM experiments WHERE status = ? AND cancel_requested = 1",
+            (int(ExperimentStatus.RUNNING),),
+        )
+        return {r["id"] for r in rows}
+
     def queued_counts(self) -> dict[str, int]:
         """Number of queued experiments per tier (a read: takes no lock)."""
         rows = self._query(

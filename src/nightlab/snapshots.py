@@ -61,11 +61,11 @@ def create_snapshot(
     overrides: dict[str, bytes] | None = None,
     message: str,
     base: str = "HEAD",
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
     """Commit the editable files (working-tree state, or `overrides`) on top of `base`.
 
     Returns:
-        (commit, tree) hashes. The commit is not yet referenced: call `set_ref`.
+        (commit, tree, parent) hashes. The commit is not yet referenced: call `set_ref`.
     """
     overrides = overrides or {}
     base_commit = git_text(lab_dir, "rev-parse", "--verify", f"{base}^{{commit}}")
@@ -90,7 +90,7 @@ def create_snapshot(
         .decode()
         .strip()
     )
-    return commit, tree
+    return commit, tree, base_commit
 
 
 def set_ref(lab_dir: Path, experiment_id: str, commit: str) -> None:

@@ -262,7 +262,7 @@ def _apply(files: Mapping[str, bytes], run: Mapping[str, str]) -> dict[str, byte
 def _measured_point(lab: Lab, run: Mapping[str, str], files: Mapping[str, bytes], tier: str) -> Experiment:
     """The earlier measurement (seed 0) of a design point whose submit was refused as a duplicate."""
     overrides = _apply(files, run)
-    _, tree = snapshots.create_snapshot(
+    _, tree, _ = snapshots.create_snapshot(
         lab.path, lab.config.target.editable, overrides=overrides, message="probe", base="HEAD"
     )
     prior = lab.ledger.find_measured(tree, tier, 0)

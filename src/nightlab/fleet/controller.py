@@ -29,7 +29,7 @@ from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.fleet.runner import classify, read_tail, trim_log
-from nightlab.ledger import Attempt, ExperimentStatus, Ledger
+from nightlab.ledger import Attempt, Ledger
 
 log = logging.getLogger("nightlab.controller")
 
@@ -232,7 +232,7 @@ class Controller:
     def _poll_active(self) -> list[tuple[_Active, RunExit]]:
         """Enforce deadlines and cancellations; return (and release the slots of) the runs that ended."""
         ended_runs = []
-        cancel = {e.id for e in self._cancel_requests()} if self.active else set()
+        cancel = self.ledger.cancel_requests() if self.active else set()
         now = time.time()
         for key, active in list(self.active.items()):
             backend = self._backend(active.slot)
@@ -253,13 +253,6 @@ class Controller:
                 ended_runs.append((active, ended))
                 del self.active[key]
         return ended_runs
-
-    def _cancel_requests(self) -> list:
-        return [
-            e
-            for e in self.ledger.experiments(status=ExperimentStatus.RUNNING, with_metrics=False)
-            if e.cancel_requested
-        ]
 
     def _record(self, active: _Active, ended: RunExit) -> None:
         tail = read_tail(active.spec.log_path)
