@@ -10,6 +10,7 @@ status keep (adopted experiments and the baseline), discard or crash.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from nightlab.config import LabConfig
@@ -66,10 +67,23 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False) -> str
     return "\n".join(lines) + "\n"
 
 
-def _kept_at(runs: list[Experiment]) -> int:
-    """Where a kept snapshot enters the chart: its adopted run, else (the baseline) its first run."""
-    adopted = [r.seq for r in runs if r.adopted_at is not None]
-    return min(adopted) if adopted else min(r.seq for r in runs)
+def kept_snapshots(kept: Iterable[Experiment], metric: str) -> list[tuple[Experiment, float]]:
+    """Each kept snapshot (per tier) in the order it was kept: (the run where it entered, its figure).
+
+    The entry is the snapshot's adopted run, else (the baseline) its first run; the figure is the
+    mean of all its kept runs on that tier. The incumbent lines of progress.png and of the
+    dashboard step on these figures, so a single lucky seed does not look like progress.
+    """
+    snapshots: dict[tuple[str, str], list[Experiment]] = {}
+    for e in kept:
+        snapshots.setdefault((e.tier, e.tree), []).append(e)
+    out = []
+    for runs in snapshots.values():
+        adopted = [r for r in runs if r.adopted_at is not None]
+        entry = min(adopted or runs, key=lambda r: r.seq)
+        values = [r.metric(metric) for r in runs]
+        out.append((entry, sum(values) / len(values)))
+    return sorted(out, key=lambda pair: pair[0].seq)
 
 
 def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
@@ -103,21 +117,14 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
             label="kept",
             zorder=3,
         )
-        # The step line is the incumbent's figure: the mean of every run of a kept snapshot, from
-        # the run where it was kept on. A single lucky seed must not look like progress.
-        snapshots: dict[str, list[Experiment]] = {}
-        for e in kept:
-            snapshots.setdefault(e.tree, []).append(e)
         best, step_x, step_y = None, [], []
-        for runs in sorted(snapshots.values(), key=lambda rs: _kept_at(rs)):
-            mean = sum(r.metric(metric) for r in runs) / len(runs)
+        for entry, mean in kept_snapshots(kept, metric):
             best = mean if best is None else better(best, mean)
-            step_x.append(_kept_at(runs))
+            step_x.append(entry.seq)
             step_y.append(best)
-            first = runs[0]
             ax.annotate(
-                "baseline" if first.verdict == "baseline" else first.description[:40],
-                (step_x[-1], mean),
+                "baseline" if entry.verdict == "baseline" else entry.description[:40],
+                (entry.seq, mean),
                 fontsize=7,
                 rotation=20,
                 xytext=(4, 6),

@@ -64,7 +64,7 @@ def night_lab(tmp_path_factory: pytest.TempPathFactory) -> NightLab:
     nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "2", cwd=base)
     ids = {
         "baseline": _submit(lab, "baseline"),
-        "better": _submit(lab, "lr 0.02", "LR=0.02"),
+        "better": _submit(lab, "lr 0.02", "LR=0.02", "NOISE=0.01"),
         "crash": _submit(lab, "crash on purpose", 'MODE="crash"'),
         "xss": _submit(lab, "xss " + XSS, "LR=0.03", f"MODE={json.dumps(XSS)}"),
     }

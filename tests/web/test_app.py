@@ -76,7 +76,8 @@ def test_fleet_efficiency_is_training_over_held_slot_time(night_lab, client):
     assert eff["efficiency"] == pytest.approx(trained / (2 * (stop.ts - start.ts)))
 
 
-def test_progress_series_has_every_ok_run_and_a_running_best(night_lab, client):
+def test_progress_series_has_every_ok_run_and_the_incumbent_line(night_lab, client):
+    """The line steps on a kept snapshot's mean over its runs (as progress.png does), not on its best run."""
     results = night_lab.cli_json("results")
     data = client.get("/api/progress").json()
     ok = {r["id"]: r for r in results["experiments"] if r["val_bpb"] is not None}
@@ -86,7 +87,11 @@ def test_progress_series_has_every_ok_run_and_a_running_best(night_lab, client):
         assert p["y"] == ok[p["id"]]["val_bpb"]
     kept = [p for p in data["points"] if p["kept"]]
     assert {p["id"] for p in kept} >= {night_lab.ids["baseline"], night_lab.ids["better"]}
-    assert data["points"][-1]["best"] == min(p["y"] for p in kept)
+    better = [p["y"] for p in kept if p["id"] in (night_lab.ids["better"], night_lab.ids["repeat"])]
+    assert len(better) == 2 and better[0] != better[1]  # two seeds of the adopted snapshot
+    assert data["points"][-1]["best"] == pytest.approx(sum(better) / 2)
+    entry = next(p for p in data["points"] if p["id"] == night_lab.ids["better"])
+    assert entry["best"] == pytest.approx(sum(better) / 2)
 
 
 def test_fleet_rows_show_progress_and_live_loss(night_lab, client):

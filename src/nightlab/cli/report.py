@@ -29,4 +29,4 @@ def command(lab, wide, no_plot, as_json) -> None:
         return
     for p in paths:
         click.echo(p)
-    say("results.tsv reads like autoresearch's; progress.png shows every run and the running best")
+    say("results.tsv reads like autoresearch's; progress.png shows every run and the incumbent's figure")

@@ -169,16 +169,18 @@ def overview(lab: ReadOnlyLab, cache: VersionCache | None = None) -> dict[str, A
 
 
 def progress_series(lab: ReadOnlyLab, cache: VersionCache | None = None) -> dict[str, Any]:
-    """Every ok experiment as a point in time order, and each tier's running best of kept ones.
+    """Every ok experiment as a point in time order, and each tier's incumbent line.
 
-    Kept means what `report.progress_png` highlights (`report.tsv_status` == keep).
+    Kept means what `report.progress_png` highlights (`report.tsv_status` == keep); the line is the
+    best figure (mean of its runs, `report.kept_snapshots`) of the snapshots kept so far, as in
+    progress.png.
     """
     cache = cache or VersionCache()
     return cache.get(lab, "progress", lambda lab: _progress_series(lab, cache))
 
 
 def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
-    from nightlab.report import tsv_status
+    from nightlab.report import kept_snapshots, tsv_status
 
     _, exps = cache.results(lab)
     metric = lab.config.metric.name
@@ -191,13 +193,18 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
         ),
         key=lambda p: (p[0], p[1].seq),
     )
+    figures = {
+        entry.id: mean
+        for entry, mean in kept_snapshots((e for _, e in points if tsv_status(e) == "keep"), metric)
+    }
     best: dict[str, float] = {}
     out = []
     for t, e in points:
         value = e.metric(metric)
         kept = tsv_status(e) == "keep"
-        if kept:
-            best[e.tier] = value if e.tier not in best else better(best[e.tier], value)
+        if e.id in figures:
+            figure = figures[e.id]
+            best[e.tier] = figure if e.tier not in best else better(best[e.tier], figure)
         out.append(
             {
                 "id": e.id,

@@ -117,7 +117,7 @@
           points: { show: true, size: 5, width: 1, stroke: color, fill: color + "40" } },
         { label: tier + " kept", stroke: "#1d6b34", paths: function () { return null; },
           points: { show: true, size: 10, width: 1.5, stroke: "#1d6b34", fill: "#2a9d4b" } },
-        { label: tier + " best", stroke: color, width: 2, spanGaps: true,
+        { label: tier + " incumbent (mean)", stroke: color, width: 2, spanGaps: true,
           paths: uPlot.paths.stepped({ align: 1 }), points: { show: false } }
       );
     });
