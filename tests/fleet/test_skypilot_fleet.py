@@ -242,6 +242,11 @@ def _wait_exit(backend, slot, spec, handle, timeout=20):
     return wait_until(lambda: backend.poll(slot, spec, handle), timeout=timeout)
 
 
+def _launch_and_wait(backend, slot, spec):
+    """Launch one run on `slot` and wait for its end."""
+    return _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+
+
 def test_setup_failure_takes_the_worker_out_and_charges_no_experiment(sky_lab, fake):
     lab = sky_lab()
     backend = _backend(lab, fake)
@@ -261,7 +266,7 @@ def test_setup_failure_takes_the_worker_out_and_charges_no_experiment(sky_lab, f
     # a lease that reaches the failed worker anyway ends as infra (requeued elsewhere)
     eid = submit(lab, "unlucky", "h100")
     spec = _spec(lab, eid)
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     assert ended.lost and "set-up failed" in ended.detail
     backend.close()
 
@@ -274,7 +279,7 @@ def test_job_failure_with_a_traceback_is_a_crash(sky_lab, fake):
     slot = _slot(backend, "h200-sky-0")
     eid = submit(lab, "crash", "h200", MODE='"crash"')
     spec = _spec(lab, eid)
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     assert ended.exit_code == 1 and not ended.lost
     text = read_tail(spec.log_path)
     assert "pid=" not in text and "Job finished" not in text  # SkyPilot's prefixes are gone
@@ -325,13 +330,13 @@ def test_log_retrieval_is_retried_then_infra(sky_lab, fake):
     eid = submit(lab, "flaky logs", "h200")
     spec = _spec(lab, eid)
     fake.fail_logs(1 + 2)
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     assert ended.exit_code == 0 and "val_bpb" in spec.log_path.read_text()
     # three failures: given up, the attempt is infra
     eid2 = submit(lab, "lost logs", "h200", LR="0.03")
     spec2 = _spec(lab, eid2)
     fake.fail_logs(1 + 3)
-    ended = _wait_exit(backend, slot, spec2, backend.launch(slot, spec2))
+    ended = _launch_and_wait(backend, slot, spec2)
     assert ended.lost and "could not be read after 3 tries" in ended.detail
     backend.close()
 
@@ -382,7 +387,7 @@ def test_idle_clusters_stop_themselves_and_relaunch_on_demand(sky_lab, fake):
     wait_until(stopped, timeout=10)
     eid = submit(lab, "after autostop", "h200")
     spec = _spec(lab, eid)
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     assert ended.exit_code == 0
     launches = [c for c in fake.calls if c[0] == "launch" and c[1][0] == name]
     assert len(launches) == 2  # relaunched on demand
@@ -559,7 +564,7 @@ def test_a_result_from_other_data_is_invalid(sky_lab, fake):
     spec = _spec(lab, eid)
     summary = "print('---'); print('val_bpb: 1.0'); print('data_fingerprint: 0ther')"
     spec = RunSpec(**{**spec.__dict__, "command": f'python -c "{summary}"'})
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     text = read_tail(spec.log_path)
     result = classify(ended.exit_code, text, metric="val_bpb", expected_fingerprint="1ab5")
     assert result.outcome == "invalid" and "`0ther`" in result.detail
@@ -607,7 +612,7 @@ def test_an_api_server_hiccup_does_not_lose_the_run(sky_lab, fake, monkeypatch):
     spec = _spec(lab, eid)
     fake.fail_logs(1)  # the live stream breaks: only the status poll can see the end
     fake.fail_status(5)  # ... and the API server answers nothing for five polls
-    ended = _wait_exit(backend, slot, spec, backend.launch(slot, spec))
+    ended = _launch_and_wait(backend, slot, spec)
     assert ended.exit_code == 0 and "val_bpb" in spec.log_path.read_text()
     assert fake.count("job_status") >= 5 + 1
     # past the patience, the run is given up as infra
@@ -616,7 +621,7 @@ def test_an_api_server_hiccup_does_not_lose_the_run(sky_lab, fake, monkeypatch):
     spec2 = _spec(lab, eid2)
     fake.fail_logs(1)
     fake.fail_status(10_000)
-    ended = _wait_exit(backend, slot, spec2, backend.launch(slot, spec2))
+    ended = _launch_and_wait(backend, slot, spec2)
     assert ended.lost and "job status unreadable" in ended.detail
     backend.close()
     fake.fail_status(0)
