@@ -10,6 +10,7 @@ experiments so that the CLI, reports and dashboard all show the same ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def figure(values: list[float]) -> Figure | None:
     return Figure.of(values) if values else None
 
 
-def ok_values(experiments: list[Experiment], metric: str) -> list[float]:
+def ok_values(experiments: Iterable[Experiment], metric: str) -> list[float]:
+    """The metric of every ok run that reported it."""
     return [v for e in experiments if e.ok and (v := e.metric(metric)) is not None]
 
 

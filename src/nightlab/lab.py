@@ -290,6 +290,7 @@ class Lab:
         tier: str | None = None,
         seed: int | None = None,
         repeats: int = 1,
+        fresh_seeds: bool = False,
         wave: str | None = None,
         priority: int = 0,
         force: bool = False,
@@ -302,7 +303,8 @@ class Lab:
         Args:
             sets: knob -> new value source text, applied to the snapshot only.
             overrides: file name -> full content, instead of the working-tree file.
-            seed: the seed of a single experiment; with `repeats`, unused seeds are chosen.
+            seed: the seed of a single experiment (default 0); with `repeats`, unused seeds are chosen.
+            fresh_seeds: choose unused seeds for a single experiment too (a re-measurement).
             force: queue even when the same snapshot, tier and seed was already measured.
 
         Raises:
@@ -324,10 +326,10 @@ class Lab:
         commit, tree, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
-        if repeats == 1 and seed is None:
-            seeds = [0]
-        elif seed is not None:
+        if seed is not None:
             seeds = [seed]
+        elif repeats == 1 and not fresh_seeds:
+            seeds = [0]
         else:
             used = self.ledger.seeds_used(tree, tier)
             seeds = [s for s in range(len(used) + repeats) if s not in used][:repeats]

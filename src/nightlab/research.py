@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
 from nightlab.waves import (
@@ -91,10 +92,6 @@ class SearchPlan:
             "tier": self.tier,
             "screen_tier": self.screen_tier,
         }
-
-
-def _ok_values(exps: Sequence[Experiment], metric: str) -> list[float]:
-    return [v for e in exps if e.ok and (v := e.metric(metric)) is not None]
 
 
 class _LabLoop:
@@ -243,7 +240,6 @@ class _LabLoop:
                 overrides=head_files(lab),
                 tier=plan.tier,
                 repeats=n,
-                seed=None if n > 1 else 0,
                 wave=wave_id,
                 source="search",
             )
@@ -263,11 +259,11 @@ class _LabLoop:
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
             if e.ok and e.tree != head_tree:
                 by_tree.setdefault(e.tree, []).append(e)
-        incumbent = _ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.screen_tier), self.metric)
+        incumbent = ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.screen_tier), self.metric)
         sign = 1 if lab.config.metric.lower_is_better else -1
         means = {}
         for exps in by_tree.values():
-            values = _ok_values(exps, self.metric)
+            values = ok_values(exps, self.metric)
             mean = sum(values) / len(values)
             if not incumbent or sign * mean < sign * (sum(incumbent) / len(incumbent)):
                 means[exps[0].id] = mean
@@ -306,10 +302,10 @@ class _LabLoop:
             judged = {e.tree for e in lab.ledger.experiments(wave=source_wave, with_metrics=False)}
             for tree, rep in trees.items():
                 if tree in judged:
-                    candidates[rep] = _ok_values(
+                    candidates[rep] = ok_values(
                         lab.ledger.experiments(tree=tree, tier=plan.tier), self.metric
                     )
-        incumbent = _ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
+        incumbent = ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
         if not incumbent:
             return None
         sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier)
@@ -349,7 +345,7 @@ class _LabLoop:
             picked = self.judge(wave_id, observations)
         if picked is None:
             has_incumbent = bool(
-                _ok_values(lab.ledger.experiments(tree=lab.head_tree(), tier=self.plan.tier), self.metric)
+                ok_values(lab.ledger.experiments(tree=lab.head_tree(), tier=self.plan.tier), self.metric)
             )
             verdict = "no candidate" if has_incumbent else "incumbent unmeasured"
             self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
@@ -469,7 +465,7 @@ def run_search(
         waves_done=done,
         resume_wave=pending,
         on_wave=on_wave,
-        incumbent_values=lambda: _ok_values(
+        incumbent_values=lambda: ok_values(
             lab.ledger.experiments(tree=lab.head_tree(), tier=plan.tier), lab.config.metric.name
         ),
     )

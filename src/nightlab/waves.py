@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nightlab import snapshots
+from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
 
@@ -152,54 +153,20 @@ def _incumbent_stale(lab: Lab, tier: str) -> bool:
     return incumbent_is_stale(0, age, max_age_waves=lab.config.search.incumbent_max_age_waves)
 
 
-def _submit_fresh(
-    lab: Lab,
-    description: str,
-    *,
-    files: Mapping[str, bytes],
-    base: str,
-    tree: str,
-    tier: str,
-    n: int,
-    wave: str,
-    source: str,
-    priority: int = 0,
-) -> list[Experiment]:
-    """Queue `n` runs of these files with seeds not yet used for them on `tier`."""
-    if n > 1:  # `submit` picks unused seeds itself for repeats
-        seed, repeats = None, n
-    else:  # seed 0 is usually taken: the lowest free one
-        used = lab.ledger.seeds_used(tree, tier)
-        seed, repeats = next(s for s in range(len(used) + 1) if s not in used), 1
-    return lab.submit(
-        description,
-        overrides=dict(files),
-        base=base,
-        tier=tier,
-        seed=seed,
-        repeats=repeats,
-        wave=wave,
-        priority=priority,
-        source=source,
-        start_controller=False,
-    )
-
-
 def submit_incumbent(
     lab: Lab, tier: str, wave: str, n: int, files: Mapping[str, bytes] | None = None
 ) -> list[Experiment]:
     """Queue `n` runs of the incumbent on `tier` with unused seeds, ahead of the queue, in `wave`."""
-    return _submit_fresh(
-        lab,
+    return lab.submit(
         "re-measure the incumbent",
-        files=head_files(lab) if files is None else files,
-        base="HEAD",
-        tree=lab.head_tree(),
+        overrides=dict(head_files(lab) if files is None else files),
         tier=tier,
-        n=n,
+        repeats=n,
+        fresh_seeds=True,
         wave=wave,
-        source=REMEASURE,
         priority=1,
+        source=REMEASURE,
+        start_controller=False,
     )
 
 
@@ -211,16 +178,16 @@ def submit_repeats(
     files, base = lab.files_of(experiment_id)
     if n < 1:
         return []
-    out = _submit_fresh(
-        lab,
+    out = lab.submit(
         f"repeat {exp.id}: {exp.description}",
-        files=files,
+        overrides=dict(files),
         base=base,
-        tree=exp.tree,
         tier=tier,
-        n=n,
+        repeats=n,
+        fresh_seeds=True,
         wave=wave,
         source=source,
+        start_controller=False,
     )
     from nightlab.fleet.daemon import ensure_running
 
@@ -495,11 +462,7 @@ def promote(
     if screen is None:
         screen = {}
         for e in sources:
-            values = [
-                v
-                for x in lab.ledger.experiments(tree=e.tree, tier=e.tier)
-                if x.ok and (v := x.metric(metric)) is not None
-            ]
+            values = ok_values(lab.ledger.experiments(tree=e.tree, tier=e.tier), metric)
             if values:
                 screen[e.id] = statistics.fmean(values)
     wave = lab.ledger.add_wave(
@@ -516,16 +479,16 @@ def promote(
     promoted: dict[str, list[str]] = {}
     for e in sources:
         files, base = lab.files_of(e.id)
-        exps = _submit_fresh(
-            lab,
+        exps = lab.submit(
             f"promote {e.id}: {e.description}",
-            files=files,
+            overrides=dict(files),
             base=base,
-            tree=e.tree,
             tier=tier,
-            n=repeats,
+            repeats=repeats,
+            fresh_seeds=True,
             wave=wave.id,
             source="promote",
+            start_controller=False,
         )
         promoted[e.id] = [x.id for x in exps]
         queued += exps
@@ -708,11 +671,7 @@ def _promotion(lab: Lab, wave: Wave, runs: Sequence[Experiment]) -> dict[str, An
         mine = [by_id[i] for i in new_ids if i in by_id]
         if not mine:
             continue
-        values = [
-            v
-            for e in lab.ledger.experiments(tree=mine[0].tree, tier=wave.tier)
-            if e.ok and (v := e.metric(metric)) is not None
-        ]
+        values = ok_values(lab.ledger.experiments(tree=mine[0].tree, tier=wave.tier), metric)
         if values:
             validation[origin] = statistics.fmean(values)
         verdicts[origin] = next((e.verdict for e in mine if e.verdict is not None), None)
