@@ -10,8 +10,19 @@ import click
 WIDTH = 100
 
 
-def _sections(command: click.Command, path: list[str]) -> list[str]:
-    ctx = click.Context(command, info_name=" ".join(path), max_content_width=WIDTH, terminal_width=WIDTH)
+def _sections(command: click.Command, path: list[str], parent: click.Context | None = None) -> list[str]:
+    # A child context inherits the group's settings (`-h` as well as `--help`), as on a real command
+    # line; a context made from scratch would not, and the text would depend on what ran before.
+    ctx = click.Context(
+        command,
+        info_name=" ".join(path) if parent is None else path[-1],
+        parent=parent,
+        **{
+            "max_content_width": WIDTH,
+            "terminal_width": WIDTH,
+            **(command.context_settings if parent is None else {}),
+        },
+    )
     out = [
         f"{'#' * min(len(path) + 1, 4)} `{' '.join(path)}`",
         "",
@@ -24,7 +35,7 @@ def _sections(command: click.Command, path: list[str]) -> list[str]:
         for name in command.list_commands(ctx):
             sub = command.get_command(ctx, name)
             if sub is not None and not sub.hidden:
-                out += _sections(sub, [*path, name])
+                out += _sections(sub, [*path, name], ctx)
     return out
 
 
