@@ -64,6 +64,8 @@ print(f"start_ts:         {start:.6f}")
 print(f"end_ts:           {time.time():.6f}")
 print(f"env_budget:       {os.environ.get('NIGHTLAB_BUDGET', 'none')}")
 print(f"env_experiment:   {os.environ.get('NIGHTLAB_EXPERIMENT', 'none')}")
+print(f"env_seed:         {seed}")
+print(f"env_tier:         {os.environ.get('NIGHTLAB_TIER', 'none')}")
 '''
 
 

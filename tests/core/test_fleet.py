@@ -150,8 +150,20 @@ def test_repeats_seeds_and_duplicates(make_lab):
     forced = json.loads(nightlab("submit", "-m", "forced", "--force", "--json", cwd=lab).stdout)
     assert forced[0]["seed"] == 0
     wait_json(lab, first, *(r["id"] for r in reps), forced[0]["id"])
-    env_seen = show(lab, reps[0]["id"])
-    assert env_seen["seed"] == reps[0]["seed"]
+    for rep in reps:  # the run itself saw its seed (the target prints NIGHTLAB_SEED back)
+        assert show(lab, rep["id"])["metrics"]["env_seed"] == rep["seed"]
+
+
+def test_fresh_seeds_skip_the_ones_already_used(make_lab):
+    """A single re-measurement (settle, promote, re-measure the incumbent) takes the lowest unused seed."""
+    from nightlab.lab import Lab
+
+    lab = make_lab(slots=1)
+    with Lab.open(lab) as opened:
+        [first] = opened.submit("baseline", start_controller=False)
+        [again] = opened.submit("re-measure", fresh_seeds=True, start_controller=False)
+        two = opened.submit("two more", repeats=2, fresh_seeds=True, start_controller=False)
+    assert (first.seed, again.seed, [e.seed for e in two]) == (0, 1, [2, 3])
 
 
 def test_twenty_concurrent_submits(make_lab):
@@ -228,4 +240,5 @@ def test_runs_get_their_identity_and_never_the_measurement_overrides(make_lab):
     wait_json(lab, eid)
     metrics = show(lab, eid)["metrics"]
     assert metrics["env_experiment"] == eid
+    assert metrics["env_tier"] == "cpu"
     assert metrics["env_budget"] == "none"

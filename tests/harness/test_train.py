@@ -102,6 +102,31 @@ def test_nan_loss_stops_with_one_fail_line(lab, data_root):
     assert "\n---\n" not in result.stdout
 
 
+def test_exploding_loss_stops_with_one_fail_line(lab, data_root):
+    """A finite loss far above ln(vocab) is a divergence too (the loss is scaled up in the source)."""
+    source = template()
+    assert "train_loss = loss.item()\n" in source
+    result = run(
+        lab, data_root, source.replace("train_loss = loss.item()\n", "train_loss = loss.item() * 1000\n")
+    )
+    assert result.returncode == 1
+    fails = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL: loss exploded to ") and " at step 0" in fails[0]
+    assert "\n---\n" not in result.stdout
+
+
+def test_a_nan_val_bpb_stops_with_one_fail_line(lab, data_root):
+    call = "result = evaluate(\n        train_model, profile,"
+    source = template()
+    assert call in source
+    nan_logits = "result = evaluate(\n        lambda *a, **k: train_model(*a, **k) * float('nan'), profile,"
+    result = run(lab, data_root, source.replace(call, nan_logits))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    fails = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL: val_bpb is nan after step 4"), fails
+    assert "\n---\n" not in result.stdout
+
+
 def test_non_causal_model_is_reported_invalid(lab, data_root):
     causal = "x = x0 = norm(self.wte(idx))"
     source = template()
