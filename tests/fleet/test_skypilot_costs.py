@@ -122,6 +122,7 @@ def test_cost_per_experiment_and_per_kept_improvement(ledger):
     assert per_exp[e3] == pytest.approx(300 * 1.8 / 3600)
     summary = costs.cost_summary(ledger)
     total = summary["total_cost"]
+    assert total == pytest.approx(1000 * 3.6 / 3600 + 1460 * 1.8 / 3600)  # w0 held 1000 s, w1 1460 s
     assert summary["kept"] == 2 and summary["experiments"] == 3
     assert summary["cost_per_kept"] == pytest.approx(total / 2)
     assert summary["cost_per_experiment"] == pytest.approx(total / 3)

@@ -122,8 +122,10 @@ def test_train_batches_seeds(cpu_data: Path):
 def test_train_batches_run_past_an_epoch(cpu_data: Path):
     tokens = load_manifest(cpu_data)["splits"]["train"]["tokens"]
     it = train_batches(cpu_data, 64, 256, "cpu", seed=3)
-    for _ in range(tokens // (64 * 256) + 3):
-        next(it)
+    for _ in range(tokens // (64 * 256) + 3):  # more batches than one epoch holds
+        x, y = next(it)
+        assert x.shape == y.shape == (64, 256)
+        assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
 
 
 def test_val_batches_independent_of_batch_size(cpu_data: Path):

@@ -204,8 +204,15 @@ def test_read_only(night_lab, client):
     from nightlab.errors import NightlabError
     from nightlab.web._readonly import ReadOnlyLab
 
-    db = night_lab.path / ".nightlab" / "ledger.db"
-    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    def stored() -> str:
+        """The ledger's bytes: the database and its write-ahead log, where WAL-mode writes land first."""
+        h = hashlib.sha256()
+        for name in ("ledger.db", "ledger.db-wal"):
+            f = night_lab.path / ".nightlab" / name
+            h.update(f.read_bytes() if f.exists() else b"")
+        return h.hexdigest()
+
+    before = stored()
     from fastapi.routing import APIRoute
 
     routes = [r for r in client.app.routes if isinstance(r, APIRoute)]
@@ -216,7 +223,7 @@ def test_read_only(night_lab, client):
         assert client.get(path).status_code < 400, path
         for method in ("POST", "PUT", "PATCH", "DELETE"):
             assert client.request(method, path).status_code in (404, 405), (method, path)
-    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert stored() == before
     with ReadOnlyLab(night_lab.path) as lab:
         with pytest.raises(NightlabError, match="read-only"):
             lab.ledger.set_verdict(night_lab.ids["better"], "discard")

@@ -148,6 +148,11 @@ def test_overview_chart_link_and_live_update(night_lab, client, server, browser_
     assert page.locator("#metrics").is_visible()
     assert page.locator(".diff .hl").count() == 1 or "no change against the parent" in page.content()
     page.screenshot(path=str(tmp_path / "experiment.png"), full_page=True)
+    # an experiment that changed a knob shows its diff, highlighted
+    page.goto(server + f"/experiments/{night_lab.ids['better']}")
+    diff = page.locator(".diff .hl")
+    assert diff.count() == 1 and "+LR = 0.02" in diff.inner_text()
+    assert diff.locator("span.gi").count() >= 1  # Pygments' class for inserted lines
 
     # --- the XSS experiment's page: description, knob and diff as text, nothing executed
     page.goto(server + f"/experiments/{night_lab.ids['xss']}")
