@@ -152,3 +152,25 @@ def test_hung_candidate_times_out_and_zero_throughput_is_not_ok(lab):
     assert [r.status for r in result.rows] == ["crash", "ok", "timeout"]
     assert "no timed steps" in result.rows[0].detail
     assert result.best.candidate.device_batch_size == 4
+
+
+def test_cli_passes_the_candidates_through(tmp_path):
+    """`nightlab tune --compile off --attention sdpa` measures only those (e.g. no 40 s CPU compile)."""
+    import json
+    import subprocess
+
+    from labkit import nightlab
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "train.py").write_text(FAKE_TRAIN)
+    lab = tmp_path / "lab"
+    nightlab("init", str(lab), "--target", str(target), "--command", "python train.py", cwd=tmp_path)
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text() + "\n" + NIGHTLAB_TOML)
+    subprocess.run(["git", "commit", "-qam", "a profile"], cwd=lab, check=True)
+    out = nightlab("tune", "--steps", "7", "--compile", "off", "--attention", "sdpa", "--json", cwd=lab)
+    rows = json.loads(out.stdout)["rows"]
+    assert {(r["candidate"]["compile"], r["candidate"]["attention"]) for r in rows} == {("off", "sdpa")}
+    bad = nightlab("tune", "--compile", "maybe", cwd=lab, check=False)
+    assert bad.returncode == 2 and "compile `maybe`" in bad.stderr

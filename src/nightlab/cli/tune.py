@@ -16,10 +16,23 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
     multiple=True,
     help="DEVICE_BATCH_SIZE candidates (repeatable; default half, same and double the current).",
 )
+@click.option(
+    "--compile",
+    "compiles",
+    multiple=True,
+    help="COMPILE candidates, on and/or off (repeatable; default both). On CPU, `--compile off` skips "
+    "the ~40 s compile that every run would pay at start-up.",
+)
+@click.option(
+    "--attention",
+    "attentions",
+    multiple=True,
+    help="ATTENTION candidates, fa3 and/or sdpa (repeatable; default every backend that works here).",
+)
 @click.option("--no-commit", is_flag=True, help="Whether or not to leave train.py unchanged (measure only).")
 @json_option
 @with_lab
-def command(lab, steps, batch_sizes, no_commit, as_json) -> None:
+def command(lab, steps, batch_sizes, compiles, attentions, no_commit, as_json) -> None:
     """Measure compile on/off, each attention backend and several batch sizes on this
     machine's device, print steady-state tokens/s and peak memory, and commit the fastest
     choice into train.py's knobs.
@@ -41,7 +54,13 @@ def command(lab, steps, batch_sizes, no_commit, as_json) -> None:
 
         raise UsageError("train.py has uncommitted edits; commit or restore them before `nightlab tune`")
     result = tune(
-        lab.path, steps=steps, batch_sizes=batch_sizes or None, write=not no_commit, progress=not as_json
+        lab.path,
+        steps=steps,
+        batch_sizes=batch_sizes or None,
+        compiles=compiles or None,
+        attentions=attentions or None,
+        write=not no_commit,
+        progress=not as_json,
     )
     commit = None
     if result.written and snapshots.is_dirty(lab.path, ("train.py",)):
