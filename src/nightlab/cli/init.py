@@ -41,7 +41,7 @@ from nightlab.cli._common import emit_json, json_option, say
 @click.option(
     "--profile",
     default=None,
-    help="Built-in target profile: h100, small-gpu, cpu (default: fits the machine).",
+    help="Built-in target profile: h100, small-gpu, cpu (default: h100 when nvidia-smi lists a GPU, else cpu).",
 )
 @click.option("--budget", type=float, default=None, help="Override the profile's training budget in seconds.")
 @click.option(
