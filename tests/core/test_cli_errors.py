@@ -9,8 +9,11 @@ from pathlib import Path
 from labkit import commit, nightlab, wait_json
 
 
-def count(lab: Path) -> int:
-    return len(json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)["experiments"])
+def state(lab: Path) -> tuple[str, str]:
+    """What bad input must leave alone: every experiment as `results` shows it, and the git refs."""
+    results = nightlab("results", "--all", "--json", cwd=lab).stdout
+    refs = subprocess.run(["git", "for-each-ref"], cwd=lab, capture_output=True, text=True, check=True).stdout
+    return results, refs
 
 
 def one_error_line(proc) -> str:
@@ -28,6 +31,8 @@ def test_not_a_lab(tmp_path):
 
 def test_broken_config_names_the_key(make_lab):
     lab = make_lab()
+    nightlab("submit", "-m", "baseline", "--no-start", cwd=lab)
+    before = state(lab)
     toml = lab / "nightlab.toml"
     good = toml.read_text()
     toml.write_text(good.replace("timeout = 600", 'timeout = "ten minutes"'))
@@ -36,21 +41,27 @@ def test_broken_config_names_the_key(make_lab):
     toml.write_text(good + "\n[[[broken\n")
     proc = nightlab("results", cwd=lab, check=False)
     assert proc.returncode == 2 and "not valid TOML" in one_error_line(proc)
+    proc = nightlab("submit", "-m", "with a broken config", "--set", "LR=0.03", cwd=lab, check=False)
+    assert proc.returncode == 2 and "not valid TOML" in one_error_line(proc)
+    toml.write_text(good)
+    assert state(lab) == before
 
 
 def test_unknown_experiment(make_lab):
     lab = make_lab()
+    nightlab("submit", "-m", "baseline", "--no-start", cwd=lab)
+    before = state(lab)
     for args in (("show", "e9999"), ("adopt", "e9999"), ("cancel", "e9999"), ("wait", "e9999")):
         proc = nightlab(*args, cwd=lab, check=False)
         assert proc.returncode == 2, args
         assert "`e9999`" in one_error_line(proc)
+    assert state(lab) == before
 
 
 def test_bad_set_leaves_the_ledger_unchanged(make_lab):
     lab = make_lab()
     nightlab("submit", "-m", "baseline", "--no-start", cwd=lab)
-    before = count(lab)
-    refs_before = subprocess.run(["git", "for-each-ref"], cwd=lab, capture_output=True, text=True).stdout
+    before = state(lab)
     missing = nightlab("submit", "-m", "x", "--set", "LRR=0.1", cwd=lab, check=False)
     assert missing.returncode == 2 and "LR" in one_error_line(missing)
     not_literal = nightlab("submit", "-m", "x", "--set", "LR=os.getcwd()", cwd=lab, check=False)
@@ -58,10 +69,7 @@ def test_bad_set_leaves_the_ledger_unchanged(make_lab):
     one_error_line(not_literal)
     malformed = nightlab("submit", "-m", "x", "--set", "LR", cwd=lab, check=False)
     assert malformed.returncode == 2 and "NAME=VALUE" in one_error_line(malformed)
-    assert count(lab) == before
-    assert (
-        subprocess.run(["git", "for-each-ref"], cwd=lab, capture_output=True, text=True).stdout == refs_before
-    )
+    assert state(lab) == before
 
 
 def test_init_refuses_a_non_empty_directory_and_a_missing_target(tmp_path, target_repo):
