@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from labkit import nightlab
+from nightlab.ledger import open_ledger
 
 
 def test_demo_runs_every_stage_and_replaces_its_own_lab(tmp_path, monkeypatch):
@@ -23,6 +26,13 @@ def test_demo_runs_every_stage_and_replaces_its_own_lab(tmp_path, monkeypatch):
     assert sum(1 for r in rows[1:] if r.split("\t")[3] == "keep") >= 2  # the two baseline runs
     res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
     assert {e["outcome"] for e in res["experiments"]} == {"ok"}
+    # what the demo printed is what the ledger holds: the best variant's verdict and figure
+    best = next(e for e in res["experiments"] if e["id"] == out["best_id"])
+    assert best["verdict"] == out["verdict"]
+    with open_ledger(lab) as ledger:
+        tree = ledger.get(best["id"]).tree
+        same = [e.metric("val_bpb") for e in ledger.experiments(tree=tree, tier=best["tier"])]
+    assert out["best_runs"] == len(same) and out["best"] == pytest.approx(sum(same) / len(same))
     status = json.loads(nightlab("status", "--json", cwd=lab).stdout)
     assert not status["controller"]["running"]  # the demo leaves no fleet behind
     # a second demo replaces the lab it made; a directory it did not make is refused
