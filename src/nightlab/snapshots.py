@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from nightlab.errors import SnapshotError, UsageError
+from nightlab.errors import SnapshotError
 
 _IDENTITY = ("-c", "user.name=nightlab", "-c", "user.email=nightlab@localhost")
 
@@ -146,8 +146,3 @@ def commit_files(lab_dir: Path, names: list[str], message: str) -> str:
     git(lab_dir, "add", "--", *names)
     git(lab_dir, *identity_args(lab_dir), "commit", "--quiet", "--no-verify", "-m", message, "--", *names)
     return head(lab_dir)
-
-
-def require_repo(lab_dir: Path) -> None:
-    if not (lab_dir / ".git").exists():
-        raise UsageError(f"`{lab_dir}` is not a git repository; create labs with `nightlab init`")

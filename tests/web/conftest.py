@@ -11,23 +11,13 @@ CLI's `--json` exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-# tests/conftest.py is imported by pytest as `conftest`, a name this file shares: load it by path
-_spec = importlib.util.spec_from_file_location(
-    "_nightlab_root_conftest", Path(__file__).parents[1] / "conftest.py"
-)
-root_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(root_conftest)
-nightlab = root_conftest.nightlab
+from labkit import SYNTHETIC_TRAIN, nightlab
 
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 RUNNING_LOG = "step 00010 (10%) | loss: 3.500 | lr 0.04\rstep 00042 (42.5%) | loss: 2.750 | " + XSS + "\r"
@@ -59,7 +49,7 @@ def night_lab(tmp_path_factory: pytest.TempPathFactory) -> NightLab:
     base = tmp_path_factory.mktemp("web")
     target = base / "target"
     target.mkdir()
-    (target / "train.py").write_text(root_conftest.SYNTHETIC_TRAIN)
+    (target / "train.py").write_text(SYNTHETIC_TRAIN)
     lab = base / "lab"
     nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "2", cwd=base)
     ids = {
@@ -104,20 +94,3 @@ def client(night_lab: NightLab):
 
     with TestClient(create_app(night_lab.path)) as c:
         yield c
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def dashboard_process(lab: Path, *args: str) -> subprocess.Popen:
-    """`nightlab dashboard` in a subprocess (the caller terminates it)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "nightlab", "dashboard", *args],
-        cwd=lab,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )

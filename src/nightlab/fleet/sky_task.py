@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     import sky
 
 WORKER_YAML_PATH = Path("fleet") / "skypilot.yaml"
-REMOTE_LAB = "~/sky_workdir"  # where SkyPilot syncs the task's workdir (the lab) on the cluster
 PAYLOAD_CHUNK = 96 * 1024  # bytes of base64 per variable, under MAX_ARG_STRLEN (128 KiB)
 PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 MiB on Linux)
 # The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
