@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _cli import nightlab  # bench/_cli.py (the script's folder is on sys.path)
 
 TARGET = """\
 START=$(date +%s.%N)
@@ -31,13 +32,6 @@ echo "val_bpb: 1.0"
 echo "start_ts: $START"
 echo "end_ts: $(date +%s.%N)"
 """
-
-
-def nightlab(*args: str, cwd: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "nightlab", *args], cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"nightlab {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 def main() -> None:

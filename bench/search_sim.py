@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from _cli import nightlab  # bench/_cli.py (the script's folder is on sys.path)
+
 # --- the synthetic target ----------------------------------------------------------------------
 
 TRUTH = """\
@@ -137,13 +139,6 @@ START = {
 _truth: dict = {"math": math}
 exec(TRUTH, _truth)  # the bench scores incumbents with the very function the target uses
 true_metric = _truth["true_metric"]
-
-
-def nightlab(*args: str, cwd: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "nightlab", *args], cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"nightlab {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 def make_lab(root: Path, name: str, *, slots: int, seed: int, run: float, fast_slots: int = 0) -> Path:
