@@ -157,6 +157,29 @@ def refresh_siblings(ledger: Ledger, exp: Experiment, verdict: str | None) -> No
             ledger.set_verdict(other.id, verdict)
 
 
+def refresh_pending(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> None:
+    """Re-judge the incumbent's candidates on `tier` whose verdict was recorded before it could be.
+
+    A run that ended before the incumbent had a figure on its tier has no verdict, and one judged
+    before the tier had a noise floor is `within-noise` by default. The controller calls this when
+    a run of the incumbent ends (its figure and the noise floor just moved): every snapshot derived
+    from the incumbent (its parent is HEAD) with such a verdict gets the one its runs earn now.
+    """
+    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    seen: set[str] = set()
+    candidates = ledger.experiments(
+        status=ExperimentStatus.FINISHED, tier=tier, parent=snapshots.head(lab_dir), with_metrics=False
+    )
+    for e in candidates:
+        if e.tree in seen or e.tree == head_tree or not e.ok or e.verdict not in (None, "within-noise"):
+            continue
+        seen.add(e.tree)
+        new = verdict_for(ledger, config, lab_dir, e, "ok", None)
+        if new is not None and new != e.verdict:
+            ledger.set_verdict(e.id, new)
+            refresh_siblings(ledger, e, new)
+
+
 @dataclass(frozen=True)
 class ResultRow:
     """One experiment as `nightlab results` and the dashboard show it."""

@@ -489,6 +489,7 @@ class Ledger:
         tier: str | None = None,
         wave: str | None = None,
         tree: str | None = None,
+        parent: str | None = None,
         ids: Iterable[str] | None = None,
         with_metrics: bool = True,
     ) -> list[Experiment]:
@@ -498,7 +499,7 @@ class Ledger:
             statuses = [status] if isinstance(status, ExperimentStatus) else list(status)
             where.append(f"status IN ({','.join('?' * len(statuses))})")
             args += [int(s) for s in statuses]
-        for column, value in (("tier", tier), ("wave", wave), ("tree", tree)):
+        for column, value in (("tier", tier), ("wave", wave), ("tree", tree), ("parent", parent)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)

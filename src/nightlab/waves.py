@@ -18,8 +18,9 @@ Choices:
 - The incumbent is re-run inside the wave, first in the queue, when it has no run on the tier or
   its latest run is older than `[search] incumbent_max_age_waves` waves on that tier; those runs
   have source `remeasure` and are not candidates.
-- Verdicts of members that finished before the incumbent had a figure are filled in when the
-  wave is read (`refresh_verdicts`).
+- Verdicts of members that finished before the incumbent had a figure are filled in by the
+  controller when the incumbent's runs end (`analysis.refresh_pending`); reading a wave writes
+  nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ __all__ = [
     "parse_spaces",
     "promote",
     "promote_wave",
-    "refresh_verdicts",
     "submit_incumbent",
     "submit_repeats",
     "submit_sweep",
@@ -555,31 +555,6 @@ def promote_wave(
 # --- reading ---------------------------------------------------------------------------------
 
 
-def refresh_verdicts(lab: Lab, wave: Wave, experiments: Sequence[Experiment]) -> list[Experiment]:
-    """Re-judge ok candidates whose verdict was recorded before it could be decided.
-
-    A run that ended before the incumbent had a figure on its tier has no verdict, and one judged
-    before the tier had a noise floor is `within-noise` by default. While the wave's incumbent is
-    still the lab's, such verdicts are computed again from what the ledger holds now.
-    """
-    from nightlab.analysis import verdict_for
-
-    if wave.base_snapshot != lab.head():
-        return list(experiments)
-    head_tree = lab.head_tree()
-    out = []
-    for e in experiments:
-        if e.ok and e.verdict in (None, "within-noise") and e.tree != head_tree:
-            new = verdict_for(lab.ledger, lab.config, lab.path, e, "ok", None)
-            if new is not None and new != e.verdict:
-                for sibling in lab.ledger.experiments(tree=e.tree, tier=e.tier, with_metrics=False):
-                    if sibling.ok:
-                        lab.ledger.set_verdict(sibling.id, new)
-                e = lab.ledger.get(e.id)
-        out.append(e)
-    return out
-
-
 @dataclass(frozen=True)
 class WaveStatus:
     """A wave as it stands: its runs (members plus reused measurements) and what they show."""
@@ -693,7 +668,7 @@ def wave_status(lab: Lab, wave_id: str) -> WaveStatus:
     from nightlab.analysis import incumbent_figure
 
     wave = lab.ledger.wave(wave_id)
-    runs = refresh_verdicts(lab, wave, wave_runs(lab, wave))
+    runs = wave_runs(lab, wave)
     incumbent = incumbent_figure(lab.ledger, lab.config, lab.path, wave.tier) if wave.tier else None
     promotion = _promotion(lab, wave, runs) if wave.design == "promote" else None
     return WaveStatus(

@@ -49,3 +49,16 @@ def test_noise_needs_two_repeats_and_a_known_tier(quick_lab):
     assert proc.returncode == 2 and "`h200`" in proc.stderr and "cpu" in proc.stderr
     shown = nightlab("noise", "--show", cwd=lab)
     assert "no noise floor yet" in shown.stderr
+
+
+def test_a_candidate_judged_before_the_incumbent_gets_its_verdict_when_the_incumbent_ends(quick_lab):
+    """The controller fills it in; no read command has to (the dashboard only reads)."""
+    from nightlab.ledger import open_ledger
+
+    lab = quick_lab(slots=1)
+    early = submit(lab, "0.02")
+    [done] = wait_json(lab, early)
+    assert done["verdict"] is None  # the incumbent has no run on the tier yet
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    with open_ledger(lab) as ledger:
+        assert ledger.get(early).verdict == "keep"

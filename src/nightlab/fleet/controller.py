@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nightlab.analysis import refresh_siblings, verdict_for
+from nightlab.analysis import refresh_pending, refresh_siblings, verdict_for
 from nightlab.config import LabConfig
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.fleet.runner import classify, read_tail, trim_log
 from nightlab.ledger import Attempt, Ledger
+from nightlab.snapshots import tree_of
 
 log = logging.getLogger("nightlab.controller")
 
@@ -291,6 +292,10 @@ class Controller:
         self._backend(active.slot).cleanup(active.spec)
         if state == "finished" and outcome == "ok":
             refresh_siblings(self.ledger, exp, verdict)
+            if verdict in ("keep", "baseline") and exp.tree == tree_of(self.lab_dir, "HEAD"):
+                # the incumbent's figure (and maybe the noise floor) changed: candidates judged
+                # too early get their verdict now, not when someone happens to read them
+                refresh_pending(self.ledger, self.config, self.lab_dir, exp.tier)
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""
