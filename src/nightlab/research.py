@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nightlab import snapshots
 from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
@@ -63,7 +64,7 @@ class SearchPlan:
     """What a `nightlab search` was asked for, resolved (tiers checked, sizes chosen).
 
     Attributes:
-        strategy: `factorial`, `optuna` or `greedy`.
+        strategy: `factorial`, `optuna`, `greedy`, `pattern` or `surface`.
         spaces: canonical space specs (`Dimension.spec()`).
         tier: the validation tier, where winners are judged and adopted.
         screen_tier: a cheaper tier each wave runs on first, or None.
@@ -103,6 +104,7 @@ class _LabLoop:
         self.lab, self.plan, self.dims, self.poll, self.note = lab, plan, dims, poll, note
         self.metric = lab.config.metric.name
         self.names = [d.name for d in dims]
+        self.floor_ids: list[str] = []  # the noise floor's runs, in flight with the first wave
 
     # --- the ledger view of this search
 
@@ -135,6 +137,25 @@ class _LabLoop:
                 pending = w.id
         return history, done, pending
 
+    def past_incumbents(self) -> list[tuple[dict[str, str], list[float]]]:
+        """Each incumbent this search's waves ran on, oldest first: (its searched knobs, its metric
+        values on the validation tier). A resumed strategy gets them as the running one did."""
+        out, seen = [], set()
+        for w in self.waves():
+            members = self.lab.ledger.experiments(wave=w.id, with_metrics=False)
+            parent = min(members, key=lambda e: e.seq).parent if members else None
+            if parent is None or parent in seen:
+                continue
+            seen.add(parent)
+            knobs = head_knobs(self.lab, parent)
+            if any(n not in knobs for n in self.names):
+                continue  # the editable file changed outside the search
+            runs = self.lab.ledger.experiments(
+                tree=snapshots.tree_of(self.lab.path, parent), tier=self.plan.tier
+            )
+            out.append(({n: knobs[n].source for n in self.names}, ok_values(runs, self.metric)))
+        return out
+
     def finish_adoption(self) -> None:
         """Complete an adoption that was decided before an interruption but not carried out."""
         for w in self.waves():
@@ -150,21 +171,37 @@ class _LabLoop:
 
     # --- the loop's callables
 
-    def ensure_noise_floor(self) -> None:
+    def start_noise_floor(self) -> int:
+        """Submit the incumbent's repeats when the tier has no noise floor, without waiting for them.
+
+        They run alongside the first wave (which `wait` then waits for too), so the other workers
+        do not idle through a round of three runs. Returns how many are in flight.
+        """
         from nightlab.analysis import noise_sigma
 
         sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
         if sigma is not None:
-            return
-        n = 3
-        self.note(f"no noise floor on tier {self.plan.tier}: running the incumbent {n} times first")
-        wave = noise(self.lab, repeats=n, tier=self.plan.tier)
-        self.wait_ids([e.id for e in wave.experiments])
+            return 0
+        tree, tier = self.lab.head_tree(), self.plan.tier
+        # an interrupted search may have submitted them already
+        pending = [
+            e.id for e in self.lab.ledger.experiments(tree=tree, tier=tier) if not e.status.is_finished()
+        ]
+        if not pending:
+            n = 3
+            self.note(
+                f"no noise floor on tier {tier}: running the incumbent {n} times alongside the first wave"
+            )
+            pending = [e.id for e in noise(self.lab, repeats=n, tier=tier).experiments]
+        self.floor_ids = pending
+        return len(pending)
+
+    def report_noise_floor(self) -> None:
+        from nightlab.analysis import noise_sigma
+
         sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
-        self.note(
-            f"noise floor on {self.plan.tier}: "
-            + ("unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}")
-        )
+        measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
+        self.note(f"noise floor on {self.plan.tier}: {measured}")
 
     def wait_ids(self, ids: list[str]) -> list[Experiment]:
         if any(not e.status.is_finished() for e in self.lab.ledger.experiments(ids=ids, with_metrics=False)):
@@ -193,7 +230,10 @@ class _LabLoop:
         wave = self.lab.ledger.wave(wave_id)
         members = self.lab.ledger.experiments(wave=wave_id, with_metrics=False)
         reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
-        self.wait_ids([e.id for e in members] + reused)
+        self.wait_ids([e.id for e in members] + reused + self.floor_ids)
+        if self.floor_ids:
+            self.floor_ids = []
+            self.report_noise_floor()
         state = wave.spec["search"]
         if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
             self.effects_step(wave_id)
@@ -393,7 +433,7 @@ def run_search(
     """`nightlab search`: run (or resume) the automatic research loop in the foreground.
 
     Args:
-        strategy: `factorial`, `optuna` or `greedy`.
+        strategy: `factorial`, `optuna`, `greedy`, `pattern` or `surface`.
         spaces: `NAME=...` search spaces over knobs of the incumbent.
         waves: total waves of this search, earlier runs of the same search included.
         hours: stop starting new waves after this many hours from now.
@@ -447,14 +487,17 @@ def run_search(
     history, done, pending = loop.replay()
     if done or pending:
         note(f"resuming: {done} waves judged" + (f", waiting for {pending}" if pending else ""))
-    loop.ensure_noise_floor()
+    in_flight = loop.start_noise_floor()
     # A resumed Optuna study replays the history, but its random draws follow the seed alone.
     search = make_strategy(strategy, dims, seed=seed + len(history), **options)
+    for past, values in loop.past_incumbents():
+        search.observe_incumbent(past, values)
     knobs = head_knobs(lab)
     return run_loop(
         search,
         incumbent={d.name: knobs[d.name].source for d in dims},
         wave_size=size,
+        first_wave_size=max(1, size - in_flight) if in_flight and pending is None else None,
         submit_wave=loop.submit,
         wait_wave=loop.wait,
         decide=loop.decide,

@@ -87,23 +87,23 @@ class SubmittedWave:
 # --- the incumbent ---------------------------------------------------------------------------
 
 
-def head_files(lab: Lab) -> dict[str, bytes]:
-    """The editable files of the incumbent (HEAD), by name."""
+def head_files(lab: Lab, rev: str = "HEAD") -> dict[str, bytes]:
+    """The editable files of the incumbent (HEAD), or of an earlier one (commit `rev`), by name."""
     files = {}
     for name in lab.config.target.editable:
         try:
-            files[name] = snapshots.read_file(lab.path, "HEAD", name)
+            files[name] = snapshots.read_file(lab.path, rev, name)
         except NightlabError:
             continue
     return files
 
 
-def head_knobs(lab: Lab) -> dict[str, Any]:
-    """Knob name -> `Knob` over the incumbent's editable files."""
+def head_knobs(lab: Lab, rev: str = "HEAD") -> dict[str, Any]:
+    """Knob name -> `Knob` over the editable files of the incumbent (or of commit `rev`)."""
     from nightlab.search.knobs import list_knobs
 
     out: dict[str, Any] = {}
-    for content in head_files(lab).values():
+    for content in head_files(lab, rev).values():
         try:
             text = content.decode()
         except UnicodeDecodeError:

@@ -323,7 +323,7 @@ def bowl(knobs: dict[str, str]) -> float:
     return 1.0 + 0.05 * (math.log10(lr) + 2) ** 2 + 0.002 * (depth - 8) ** 2
 
 
-@pytest.mark.parametrize("name", ["greedy", "factorial", "optuna", "pattern"])
+@pytest.mark.parametrize("name", ["greedy", "factorial", "optuna", "pattern", "surface"])
 def test_loop_keeps_real_gains(name: str) -> None:
     lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, sigma=0.002)
     start = bowl(lab.incumbent)
@@ -343,13 +343,21 @@ def test_loop_keeps_real_gains(name: str) -> None:
     assert any("adopted" in line for line in lines)
 
 
-@pytest.mark.parametrize("name", ["greedy", "factorial", "pattern"])
-def test_loop_does_not_keep_gains_inside_the_noise(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("greedy", {"step": 0.5, "min_step": 0.1}),
+        ("factorial", {"step": 0.5, "min_step": 0.1}),
+        ("pattern", {"step": 0.5, "min_step": 0.1}),
+        ("surface", {"first_step": 0.5, "min_radius": 0.1}),
+    ],
+)
+def test_loop_does_not_keep_gains_inside_the_noise(name: str, options: dict) -> None:
     def nearly_flat(knobs: dict[str, str]) -> float:  # the best corner is 0.5 sigma better
         return 1.0 - 0.0005 * LOOP_DIMS[0].coded(parse_value(knobs["LR"]))
 
     lab = FakeLab(nearly_flat, {"LR": "0.01", "DEPTH": "7"}, sigma=0.002)
-    result = lab.loop(make_strategy(name, LOOP_DIMS, step=0.5, min_step=0.1), wave_size=4, waves=6)
+    result = lab.loop(make_strategy(name, LOOP_DIMS, **options), wave_size=4, waves=6)
     assert lab.adopted == []
     assert result.incumbent == {"LR": "0.01", "DEPTH": "7"}
     assert {s.verdict for s in result.waves} <= {"within-noise", "discard"}
@@ -379,6 +387,21 @@ def test_loop_budget_deadline_and_resume() -> None:
     assert [s.index for s in resumed.waves] == [2, 3, 4]
     assert resumed.waves[0].wave_id == "w003" and resumed.waves[0].proposed == 1
     assert resumed.stopped == "waves"
+
+
+def test_loop_first_wave_size_leaves_room_for_runs_in_flight() -> None:
+    lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002)
+    seen: list[tuple[dict[str, str], int]] = []
+
+    class Recording(PatternStrategy):
+        def observe_incumbent(self, knobs, values):
+            seen.append((dict(knobs), len(values)))
+            super().observe_incumbent(knobs, values)
+
+    result = lab.loop(Recording(LOOP_DIMS), wave_size=4, first_wave_size=1, waves=3)
+    assert [s.proposed for s in result.waves] == [1, 4, 4]
+    # before each proposal, and again once each wave is judged (the figure may have grown meanwhile)
+    assert len(seen) == 6
 
 
 def test_loop_all_crashed_wave_and_converged_stop() -> None:

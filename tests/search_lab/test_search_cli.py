@@ -25,7 +25,7 @@ def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
     lab = quick_lab(slots=1, sleep=0.05)
     # a gain inside the noise: measured, not adopted
     proc = nightlab("search", "--strategy", "greedy", "--space", "LR=0.01,0.01001", "--waves", "1", cwd=lab)
-    assert "no noise floor on tier cpu: running the incumbent 3 times first" in proc.stderr
+    assert "no noise floor on tier cpu: running the incumbent 3 times alongside the first wave" in proc.stderr
     [line] = proc.stdout.splitlines()
     assert line.startswith("wave 1 w002: 1/1 runs, best val_bpb") and line.endswith("within-noise")
     assert knob(lab, "LR") == "0.01"
@@ -165,3 +165,63 @@ def test_pattern_measures_the_fitted_point_twice_in_one_snapshot(quick_lab):
     assert seeds == [0, 1] and abs(float(point) - 0.02) < 0.0005
     del by_point[point]
     assert sorted(len(seeds) for seeds in by_point.values()) == [1, 1]
+
+
+def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
+    lab = quick_lab(slots=4, sleep=0.5)
+    proc = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
+    assert "no noise floor on tier cpu: running the incumbent 3 times alongside the first wave" in proc.stderr
+    assert "noise floor on cpu: 0.0" in proc.stderr
+    # the 4 slots hold the 3 repeats and a first wave of 1 run, in one round
+    assert proc.stdout.startswith("wave 1 w002: 1/1 runs")
+    with open_ledger(lab) as ledger:
+        floor, first = ledger.experiments(wave="w001"), ledger.experiments(wave="w002")
+    assert len(floor) == 3 and len(first) == 1
+    assert first[0].started_at < min(e.finished_at for e in floor)
+
+
+def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twice(quick_lab):
+    lab = quick_lab(slots=4, sleep=1.0)
+    args = [
+        sys.executable,
+        "-m",
+        "nightlab",
+        "search",
+        "--strategy",
+        "surface",
+        "--space",
+        WIDE,
+        "--waves",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=lab, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+
+    def submitted():
+        with open_ledger(lab) as ledger:
+            return [w for w in ledger.waves() if "search" in w.spec and ledger.experiments(wave=w.id)]
+
+    wait_until(submitted, timeout=30)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    again = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
+    assert "no noise floor" not in again.stderr and "noise floor on cpu: 0.0" in again.stderr
+    assert again.stdout.startswith("wave 1 w002: 1/1 runs")
+    with open_ledger(lab) as ledger:
+        assert [len(ledger.experiments(wave=w.id)) for w in ledger.waves()] == [3, 1]
+
+
+def test_a_resumed_surface_search_proposes_what_the_uninterrupted_one_did(quick_lab):
+    args = ["search", "--strategy", "surface", "--space", WIDE, "--wave-size", "4", "--json"]
+
+    def third_wave(lab) -> list[str]:
+        [wave] = json.loads(nightlab(*args, "--waves", "3", cwd=lab).stdout)["waves"][-1:]
+        runs = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["experiments"]
+        return sorted(e["params"]["LR"] for e in runs if e["source"] == "search")
+
+    straight = quick_lab(slots=4, sleep=0.05, noise=0.002, name="straight")
+    resumed = quick_lab(slots=4, sleep=0.05, noise=0.002, name="resumed")
+    waves = json.loads(nightlab(*args, "--waves", "2", cwd=resumed).stdout)["waves"]
+    assert any(w["adopted"] for w in waves)  # the resume has an earlier incumbent to replay
+    assert third_wave(resumed) == third_wave(straight)

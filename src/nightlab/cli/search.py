@@ -8,9 +8,9 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
 @click.command("search")
 @click.option(
     "--strategy",
-    type=click.Choice(["factorial", "optuna", "greedy", "pattern"]),
+    type=click.Choice(["factorial", "optuna", "greedy", "pattern", "surface"]),
     required=True,
-    help="factorial designs around the incumbent, Optuna batches, the greedy one-knob hill climb, or pattern (parallel stencil + fitted step).",
+    help="factorial designs around the incumbent, Optuna batches, the greedy one-knob hill climb, pattern (parallel stencil + fitted step) or surface (a quadratic model with interactions).",
 )
 @click.option(
     "--space", "spaces", multiple=True, required=True, metavar="SPEC", help="A search space (repeatable)."

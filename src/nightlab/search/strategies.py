@@ -20,6 +20,8 @@ at any point resumes by handing a fresh strategy the history from the ledger:
   knob at its fitted minimum), which the next wave measures twice, with a stencil around it on
   the knobs that fit in the rest of the wave. The predicted point is measured with repeats: one
   of its runs alone would be a lucky-run figure once adopted.
+- `surface.SurfaceStrategy` (its own module): a quadratic model with interactions fitted on every
+  run, pair corners to measure the interactions, and a trust region.
 
 `run_loop` is `nightlab search`: propose a wave, submit it, wait, pick and judge the winner,
 adopt it, repeat until the wave budget or the deadline is spent. The caller supplies the
@@ -379,6 +381,72 @@ class OptunaStrategy(BaseStrategy):
         return out
 
 
+def stencil(
+    dims: Sequence[Dimension], centre: Mapping[str, str], step: float, names: Sequence[str]
+) -> list[Knobs]:
+    """Each named knob `step` coded units up and down from `centre` (one-sided at an edge).
+
+    At an edge the two runs go the other way (+step and +2 step, or -step and -2 step); an
+    integer knob that rounds back onto its value is widened until it moves; a list knob takes
+    the first two other values. Configurations equal to the centre or to each other are dropped.
+    """
+    out: list[Knobs] = []
+    keys = {_key(centre, dims)}
+    for dim in dims:
+        if dim.name not in names:
+            continue
+        current = parse_value(centre[dim.name])
+        if isinstance(dim, Choice):
+            values = [v for v in dim.values if v != current][:2]
+        else:
+            c = dim.coded(current)
+            if c + step > 1:
+                offsets: tuple[float, float] = (-step, -2 * step)
+            elif c - step < -1:
+                offsets = (step, 2 * step)
+            else:
+                offsets = (step, -step)
+            values = []
+            for o in offsets:
+                value = dim.from_coded(c + o)
+                if value == current:  # an integer knob rounded back: widen until it moves
+                    value = _step_value(dim, current, 1 if o > 0 else -1, abs(o))
+                values.append(value)
+        for value in values:
+            run = {**centre, dim.name: dim.to_source(value)}
+            key = _key(run, dims)
+            if key not in keys:
+                out.append(run)
+                keys.add(key)
+    return out
+
+
+def replicate_groups(
+    history: Sequence[Observation], dims: Sequence[Dimension], figures: Mapping[tuple, Sequence[float]]
+) -> dict[tuple, list[float]]:
+    """Metric values per configuration: the history's finished runs, or the incumbent figure handed
+    to `observe_incumbent` where that has more runs (it includes the noise floor's repeats)."""
+    groups: dict[tuple, list[float]] = {}
+    for o in history:
+        if o.value is not None:
+            groups.setdefault(_key(o.knobs, dims), []).append(o.value)
+    for key, values in figures.items():
+        if len(values) > len(groups.get(key, [])):
+            groups[key] = list(values)
+    return groups
+
+
+def pooled_sd(groups: Mapping[tuple, Sequence[float]]) -> float:
+    """The pooled run-to-run sd of the configurations measured more than once (0 when none)."""
+    ss, df = 0.0, 0
+    for values in groups.values():
+        if len(values) > 1:
+            mean = sum(values) / len(values)
+            ss += sum((v - mean) ** 2 for v in values)
+            df += len(values) - 1
+    return math.sqrt(ss / df) if df else 0.0
+
+
 class PatternStrategy(_SteppedStrategy):
     """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
 
@@ -440,38 +508,6 @@ class PatternStrategy(_SteppedStrategy):
         figure = self._figures.get(key, [])
         return figure if len(figure) >= len(seen) else seen
 
-    def _stencil(self, centre: Mapping[str, str], step: float, names: Sequence[str]) -> list[Knobs]:
-        """Each named knob `step` coded units up and down from `centre` (one-sided at an edge)."""
-        out: list[Knobs] = []
-        keys = {_key(centre, self.dims)}
-        for dim in self.dims:
-            if dim.name not in names:
-                continue
-            current = self._incumbent_value(dim, centre)
-            if isinstance(dim, Choice):
-                values = [v for v in dim.values if v != current][:2]
-            else:
-                c = dim.coded(current)
-                if c + step > 1:
-                    offsets: tuple[float, float] = (-step, -2 * step)
-                elif c - step < -1:
-                    offsets = (step, 2 * step)
-                else:
-                    offsets = (step, -step)
-                values = []
-                for o in offsets:
-                    value = dim.from_coded(c + o)
-                    if value == current:  # an integer knob rounded back: widen until it moves
-                        value = _step_value(dim, current, 1 if o > 0 else -1, abs(o))
-                    values.append(value)
-            for value in values:
-                run = {**centre, dim.name: dim.to_source(value)}
-                key = _key(run, self.dims)
-                if key not in keys:
-                    out.append(run)
-                    keys.add(key)
-        return out
-
     def _last_stencil(self, history: Sequence[Observation]) -> tuple[Knobs, list[Observation]] | None:
         """The last wave's centre and runs when it was a stencil (each run moved at most one knob)."""
         from collections import Counter
@@ -519,21 +555,7 @@ class PatternStrategy(_SteppedStrategy):
         return (centre, runs) if moved else None
 
     def _noise(self, history: Sequence[Observation]) -> float:
-        """The pooled run-to-run sd of the configurations measured more than once (0 when none)."""
-        groups: dict[tuple, list[float]] = {}
-        for o in history:
-            if o.value is not None:
-                groups.setdefault(_key(o.knobs, self.dims), []).append(o.value)
-        for key, values in self._figures.items():
-            if len(values) > len(groups.get(key, [])):
-                groups[key] = list(values)
-        ss, df = 0.0, 0
-        for values in groups.values():
-            if len(values) > 1:
-                mean = sum(values) / len(values)
-                ss += sum((v - mean) ** 2 for v in values)
-                df += len(values) - 1
-        return math.sqrt(ss / df) if df else 0.0
+        return pooled_sd(replicate_groups(history, self.dims, self._figures))
 
     def _fitted_step(
         self, centre: Knobs, runs: Sequence[Observation], f0: float, noise: float
@@ -589,11 +611,11 @@ class PatternStrategy(_SteppedStrategy):
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
-            return self._stencil(incumbent, step, names)[:k]
+            return stencil(self.dims, incumbent, step, names)[:k]
         centre, runs = last
         figure = self._values_at(_key(centre, self.dims), history)
         if not figure:
-            return self._stencil(incumbent, step, names)[:k]
+            return stencil(self.dims, incumbent, step, names)[:k]
         f0 = sum(figure) / len(figure)
         fitted = self._fitted_step(centre, runs, f0, self._noise(history))
         point = dict(centre)
@@ -610,20 +632,22 @@ class PatternStrategy(_SteppedStrategy):
         probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
         per_knob = max(1, (k - repeats) // 2)
-        stencil = self._stencil(point, step, order[:per_knob])
-        return ([point] * repeats + stencil)[:k]
+        around = stencil(self.dims, point, step, order[:per_knob])
+        return ([point] * repeats + around)[:k]
 
 
 def make_strategy(name: str, dims: Sequence[Dimension], **options: Any) -> BaseStrategy:
-    """The strategy called `name` (`factorial`, `optuna`, `greedy`, `pattern`).
+    """The strategy called `name` (`factorial`, `optuna`, `greedy`, `pattern`, `surface`).
 
     Raises:
         UsageError: an unknown name.
     """
-    for cls in (FactorialStrategy, OptunaStrategy, GreedyStrategy, PatternStrategy):
+    from nightlab.search.surface import SurfaceStrategy  # it builds on this module
+
+    for cls in (FactorialStrategy, OptunaStrategy, GreedyStrategy, PatternStrategy, SurfaceStrategy):
         if cls.name == name:
             return cls(dims, **options)
-    raise UsageError(f"unknown strategy `{name}`; use factorial, optuna, greedy or pattern")
+    raise UsageError(f"unknown strategy `{name}`; use factorial, optuna, greedy, pattern or surface")
 
 
 # --- the research loop ----------------------------------------------------------------------
@@ -675,6 +699,7 @@ def run_loop(
     *,
     incumbent: Mapping[str, str],
     wave_size: int,
+    first_wave_size: int | None = None,
     submit_wave: SubmitWave,
     wait_wave: WaitWave,
     decide: Decide,
@@ -694,6 +719,8 @@ def run_loop(
         strategy: proposes each wave.
         incumbent: the searched knobs' source text in the incumbent.
         wave_size: proposals per wave (k).
+        first_wave_size: proposals in the first wave this call proposes, when other runs share its
+            round (the noise floor's repeats); `wave_size` when None.
         submit_wave: (proposals, wave index) -> wave id; runs the proposals on top of the incumbent.
         wait_wave: wave id -> its finished runs as Observations (blocks until all finished).
         decide: (wave id, its observations) -> (the run to adopt or None, the verdict word of the
@@ -735,7 +762,8 @@ def run_loop(
                 break
             if incumbent_values is not None:
                 strategy.observe_incumbent(current, incumbent_values())
-            proposals = strategy.propose(current, past, wave_size)
+            size = wave_size if first_wave_size is None or summaries else first_wave_size
+            proposals = strategy.propose(current, past, size)
             if not proposals:
                 break
             pending, proposed = submit_wave(proposals, index), len(proposals)
@@ -745,6 +773,10 @@ def run_loop(
         proposed = proposed or len(observations)
         strategy.tell(observations)
         winner, verdict = decide(pending, observations)
+        if incumbent_values is not None:
+            # the figure it was judged against now holds runs that finished with the wave (the
+            # noise floor's repeats, settle runs), which a resumed search would also see
+            strategy.observe_incumbent(current, incumbent_values())
         if winner is not None:
             adopt(winner)
             current = {**current, **winner.knobs}
