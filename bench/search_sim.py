@@ -14,10 +14,11 @@ and scores 0.02 worse with twice the noise (`--screen`). The start is far off (m
 optimum is 0.9). Time is compressed: a "5-minute" run sleeps `--run` seconds (0.3 by default).
 
 The real lab runs it: `nightlab init`, the local fleet (the controller, 1 or 16 CPU slots), and
-`research.run_search` (the code behind `nightlab search`: noise floor first, best of each wave
-judged with the Sidak-corrected z, within-noise bests settled by repeats, adoption). Time is the
-runs' own time on the critical path: per wave, each round of runs counts its longest run (the
-target prints its start and end). Left out: the controller's launch stagger (about 70 ms per run
+`research.run_search` (the code behind `nightlab search`: the noise floor's repeats alongside
+the first wave, best of each wave judged with the Sidak-corrected z, within-noise bests settled
+by repeats, adoption). Time is the runs' own time on the critical path: runs submitted together
+form a round, which counts its longest run (the target prints its start and end) times the
+rounds of slots it needs. Left out: the controller's launch stagger (about 70 ms per run
 on this box, which would dominate a 16-wide wave of 0.3 s runs and is nothing next to 5 minutes)
 and the loop's bookkeeping between waves.
 
@@ -30,7 +31,7 @@ Goal (issue 4): with 16 workers, >= 12x at greedy's full budget (the public 16-G
 and no wrong keep in 20 seeded runs.
 
 Usage: .venv/bin/python bench/search_sim.py [--seeds 20] [--run 0.3] [--budget 60] [--max-waves 12]
-           [--strategies factorial,optuna,pattern,greedy] [--screen] [--step]
+           [--strategies factorial,optuna,pattern,surface] [--screen] [--step]
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def check_target(root: Path) -> None:
 class Arm:
     strategy: str
     workers: int
-    times: list[float]  # cumulative simulated seconds after each wave (noise floor first)
+    times: list[float]  # cumulative simulated seconds after each wave (the noise floor's wave first)
     truths: list[float]  # the incumbent's true metric after each wave
     wrong_keeps: int
     wall: float
@@ -226,9 +227,12 @@ def _duration(e) -> float:
     return (e.finished_at or e.started_at) - e.started_at  # a crash: the ledger's run time
 
 
-def _wave_time(exps, slots: int) -> float:
-    """The wave's run time with instant dispatch: its rounds (runs submitted after the previous
-    round ended, e.g. settle repeats), each as long as its longest run times ceil(runs / slots).
+def _timeline(exps, slots: dict[str, int]) -> dict[str, float]:
+    """When each run's round ended, in run time with instant dispatch: experiment id -> seconds.
+
+    Runs submitted while the previous round was still running join it (the noise floor's repeats
+    run alongside the first wave; a promotion or settle round starts after its wave ended). A
+    round lasts, per tier, its longest run times ceil(runs / the tier's slots); tiers run side by side.
 
     The controller starts runs one after another (about 70 ms apart on this box), which at 0.3 s
     per run would dominate a 16-wide wave; at 5 minutes per run it is noise.
@@ -240,7 +244,16 @@ def _wave_time(exps, slots: int) -> float:
             rounds[-1].append(e)
         else:
             rounds.append([e])
-    return sum(max(_duration(e) for e in r) * math.ceil(len(r) / slots) for r in rounds)
+    ended, elapsed = {}, 0.0
+    for r in rounds:
+        per_tier: dict[str, list] = {}
+        for e in r:
+            per_tier.setdefault(e.tier, []).append(e)
+        elapsed += max(
+            max(_duration(e) for e in es) * math.ceil(len(es) / slots[t]) for t, es in per_tier.items()
+        )
+        ended.update({e.id: elapsed for e in r})
+    return ended
 
 
 def run_arm(
@@ -304,24 +317,24 @@ def run_arm(
         wall = time.time() - started
         # --- read the history back from the ledger
         slots = {t: tier_slots(lab, t) for t in lab.config.fleet.tiers}
-        plan_tier = lab.config.fleet.default_tier
+        ended = _timeline(lab.ledger.experiments(), slots)
         truth = true_metric(**START)
         elapsed, times, truths, wrong, runs = 0.0, [], [], 0, 0
         for w in lab.ledger.waves():
             if w.design == "promote":
                 continue  # timed with its screening wave, below
             exps = lab.ledger.experiments(wave=w.id)
-            runs += len(exps)
-            elapsed += _wave_time(exps, slots[w.tier])
             state = w.spec.get("search", {})
+            if state.get("promotion"):
+                exps += lab.ledger.experiments(wave=state["promotion"])
+            runs += len(exps)
+            elapsed = max([elapsed] + [ended[e.id] for e in exps if e.id in ended])
             adopted = state.get("adopted")
             if adopted:
                 knobs = {k: parse_value(v) for k, v in {**_knobs_of(lab, adopted)}.items()}
                 new = true_metric(**{**START, **knobs})
                 wrong += new > truth
                 truth = new
-            if state.get("promotion"):
-                elapsed += _wave_time(lab.ledger.experiments(wave=state["promotion"]), slots[plan_tier])
             times.append(elapsed)
             truths.append(truth)
     nightlab("fleet", "stop", cwd=lab_dir)
@@ -347,7 +360,9 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=60, help="waves (~ runs) of the sequential greedy arm")
     parser.add_argument("--max-waves", type=int, default=12, help="waves a parallel arm may use")
     parser.add_argument(
-        "--strategies", default="factorial,optuna,pattern", help="parallel strategies, comma-separated"
+        "--strategies",
+        default="factorial,optuna,pattern,surface",
+        help="parallel strategies, comma-separated",
     )
     parser.add_argument("--screen", action="store_true", help="also run factorial screened on the fast tier")
     parser.add_argument("--step", action="store_true", help="also run factorial with the main-effects step")
