@@ -402,6 +402,11 @@ def test_loop_first_wave_size_leaves_room_for_runs_in_flight() -> None:
     assert [s.proposed for s in result.waves] == [1, 4, 4]
     # before each proposal, and again once each wave is judged (the figure may have grown meanwhile)
     assert len(seen) == 6
+    # a design that cannot be cut to the smaller size (a two-level fraction) gets the whole wave
+    dims = [parse_space(f"K{i}=uniform(0,1)") for i in range(5)]
+    lab = FakeLab(lambda knobs: 1.0, {f"K{i}": "0.5" for i in range(5)}, 0.002)
+    result = lab.loop(FactorialStrategy(dims), wave_size=8, first_wave_size=5, waves=1)
+    assert [s.proposed for s in result.waves] == [8]
 
 
 def test_loop_all_crashed_wave_and_converged_stop() -> None:

@@ -720,7 +720,8 @@ def run_loop(
         incumbent: the searched knobs' source text in the incumbent.
         wave_size: proposals per wave (k).
         first_wave_size: proposals in the first wave this call proposes, when other runs share its
-            round (the noise floor's repeats); `wave_size` when None.
+            round (the noise floor's repeats); `wave_size` when None, or when the strategy cannot
+            fill a wave that small.
         submit_wave: (proposals, wave index) -> wave id; runs the proposals on top of the incumbent.
         wait_wave: wave id -> its finished runs as Observations (blocks until all finished).
         decide: (wave id, its observations) -> (the run to adopt or None, the verdict word of the
@@ -763,7 +764,14 @@ def run_loop(
             if incumbent_values is not None:
                 strategy.observe_incumbent(current, incumbent_values())
             size = wave_size if first_wave_size is None or summaries else first_wave_size
-            proposals = strategy.propose(current, past, size)
+            try:
+                proposals = strategy.propose(current, past, size)
+            except UsageError:
+                if size == wave_size:
+                    raise
+                # the strategy's design needs the whole wave (a two-level fraction): the runs
+                # in flight queue behind it instead
+                proposals = strategy.propose(current, past, wave_size)
             if not proposals:
                 break
             pending, proposed = submit_wave(proposals, index), len(proposals)
