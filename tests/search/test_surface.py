@@ -177,3 +177,15 @@ def test_options_are_checked_and_the_name_is_known() -> None:
     with pytest.raises(UsageError, match="at least 1"):
         SurfaceStrategy(DIMS, replicas=0)
     assert isinstance(make_strategy("surface", DIMS), SurfaceStrategy)
+
+
+def test_a_configuration_that_crashed_is_not_proposed_again() -> None:
+    strategy = SurfaceStrategy(DIMS)
+    start = {"X": "-0.5", "Y": "0.5"}
+    first = strategy.propose(start, [], 8)
+    history = [Observation(f"e{i}", r, valley(r), wave=0) for i, r in enumerate(first)]
+    strategy.observe_incumbent(start, [valley(start)] * 2)
+    predicted = strategy.propose(start, history, 8)[0]
+    history.append(Observation("crash", predicted, None, wave=0))  # the model's point crashed
+    again = strategy.propose(start, history, 8)
+    assert predicted not in again and again

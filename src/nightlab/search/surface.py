@@ -150,8 +150,9 @@ class SurfaceStrategy(BaseStrategy):
         gain = -(g @ d + 0.5 * d @ H @ d)
         point = self._knobs(incumbent, np.round(x0 + d, 4))  # 1e-4 of the range: no 7e-08 next to a bound
         n = min(k, self.replicas if gain > 4 * sigma else self.endgame_replicas)
-        if _key(point, self.dims) == _key(incumbent, self.dims):
-            n = 0  # the model sees nothing better within the radius: measure around it instead
+        crashed = {_key(o.knobs, self.dims) for o in history if o.value is None}
+        if _key(point, self.dims) in crashed | {_key(incumbent, self.dims)}:
+            n = 0  # nothing better within the radius, or a known crash: measure around it instead
         # The design serves the next fit, which will be centred on the new point.
         p = self._coded(point)
         _, _, cov = self._model(X - p, y, sigma)
@@ -160,7 +161,7 @@ class SurfaceStrategy(BaseStrategy):
         curvature = np.maximum(np.diag(H), 1e-12)
         steps = np.clip(np.sqrt(2 * self.effect * sigma / curvature), s, max(s, self.max_step))
         runs = [point] * n + self._design(point, p - x0, cov, s, steps, k - n)
-        out, seen = [], {_key(incumbent, self.dims)}
+        out, seen = [], {_key(incumbent, self.dims)} | crashed
         for i, run in enumerate(runs):
             key = _key(run, self.dims)
             if i < n or key not in seen:  # the predicted point's replicas are meant
