@@ -497,7 +497,8 @@ def run_search(
         search,
         incumbent={d.name: knobs[d.name].source for d in dims},
         wave_size=size,
-        first_wave_size=max(1, size - in_flight) if in_flight and pending is None else None,
+        # the repeats share the first wave's round when both run on the validation tier
+        first_wave_size=max(1, size - in_flight) if in_flight and not (pending or screen_tier) else None,
         submit_wave=loop.submit,
         wait_wave=loop.wait,
         decide=loop.decide,

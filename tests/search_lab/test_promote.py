@@ -47,3 +47,26 @@ def test_promote_refuses_unknown_tier_and_same_tier(quick_lab):
     assert proc.returncode == 2 and "already ran on tier `cpu`" in proc.stderr
     one = json.loads(nightlab("promote", eid, "--tier", "cpu2", "--repeats", "1", "--json", cwd=lab).stdout)
     assert [e["seed"] for e in one["experiments"] if e["source"] == "promote"] == [0]
+
+
+def test_search_screens_on_one_tier_and_judges_on_the_other(quick_lab):
+    lab = quick_lab(slots=2, extra_pools=CPU2, sleep=0.05, noise=0.002)
+    args = [
+        "--strategy",
+        "surface",
+        "--space",
+        "LR=log(0.005,0.08)",
+        "--tier",
+        "cpu2",
+        "--screen-tier",
+        "cpu",
+    ]
+    proc = nightlab("search", *args, "--top", "1", "--repeats", "2", "--waves", "1", "--json", cwd=lab)
+    # the noise floor runs on cpu2 (the validation tier): the first wave on cpu keeps its 2 slots
+    assert "no noise floor on tier cpu2" in proc.stderr
+    [wave] = json.loads(proc.stdout)["waves"]
+    assert wave["proposed"] == 2 and wave["adopted"] is not None
+    w = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)
+    promotion = json.loads(nightlab("waves", w["spec"]["search"]["promotion"], "--json", cwd=lab).stdout)
+    assert {e["tier"] for e in w["experiments"]} == {"cpu"}
+    assert {e["tier"] for e in promotion["experiments"] if e["source"] == "promote"} == {"cpu2"}
