@@ -30,7 +30,7 @@ arm's. A wrong keep is an adoption whose true metric is worse than the incumbent
 Goal (issue 4): with 16 workers, >= 12x at greedy's full budget (the public 16-GPU run: about 9x)
 and no wrong keep in 20 seeded runs.
 
-Usage: .venv/bin/python bench/search_sim.py [--seeds 20] [--run 0.3] [--budget 60] [--max-waves 12]
+Usage: .venv/bin/python bench/search_sim.py [--seeds 20] [--first-seed 0] [--run 0.3] [--budget 60] [--max-waves 12]
            [--strategies factorial,optuna,pattern,surface] [--screen] [--step]
 """
 
@@ -356,6 +356,9 @@ def _knobs_of(lab, experiment_id: str) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1"
+    )
     parser.add_argument("--run", type=float, default=0.3, help="seconds of a compressed '5-minute' run")
     parser.add_argument("--budget", type=int, default=60, help="waves (~ runs) of the sequential greedy arm")
     parser.add_argument("--max-waves", type=int, default=12, help="waves a parallel arm may use")
@@ -381,7 +384,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nightlab-search-sim-") as tmp:
         root = Path(tmp)
         check_target(root)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             seq = run_arm(
                 root, strategy="greedy", workers=1, seed=seed, run=args.run, waves=args.budget, stop_at=None
             )
