@@ -9,7 +9,6 @@ experiments so that the CLI, reports and dashboard all show the same ones.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from nightlab import snapshots
 from nightlab.config import LabConfig
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger
-from nightlab.search.decide import Figure
+from nightlab.search.decide import Figure, pooled_sd
 
 
 def figure(values: list[float]) -> Figure | None:
@@ -37,13 +36,7 @@ def noise_sigma(ledger: Ledger, metric: str, tier: str) -> tuple[float | None, i
         v = e.metric(metric)
         if e.ok and v is not None:
             groups.setdefault(e.tree, []).append(v)
-    ss, dof = 0.0, 0
-    for values in groups.values():
-        if len(values) > 1:
-            m = sum(values) / len(values)
-            ss += sum((v - m) ** 2 for v in values)
-            dof += len(values) - 1
-    return (math.sqrt(ss / dof), dof) if dof else (None, 0)
+    return pooled_sd(groups.values())
 
 
 def baseline_figures(

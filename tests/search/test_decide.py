@@ -18,6 +18,7 @@ from nightlab.search.decide import (
     adjusted_z,
     best_of_wave,
     incumbent_is_stale,
+    pooled_sd,
     promote,
     repeats_needed,
     spearman,
@@ -169,3 +170,10 @@ def test_best_of_wave_holds_the_false_keep_rate_on_null_waves() -> None:
     single = 1 - NormalDist().cdf(2.0)  # 2.3 %: one comparison at z = 2
     assert raw / waves > 4 * single
     assert corrected / waves < 1.5 * single
+
+
+def test_pooled_sd_weighs_groups_by_their_degrees_of_freedom() -> None:
+    # (1, 3): ss 2, 1 dof; (2, 4, 6): ss 8, 2 dof; a single run adds nothing
+    sd, dof = pooled_sd([[1.0, 3.0], [2.0, 4.0, 6.0], [9.0]])
+    assert dof == 3 and sd == pytest.approx((10 / 3) ** 0.5)
+    assert pooled_sd([[1.0], [2.0]]) == (None, 0)

@@ -81,16 +81,15 @@ def test_factorial_and_optuna_waves(quick_lab):
     assert line.startswith("wave 1 ") and "2/2 runs" in line
 
 
-def test_interrupted_search_resumes_its_wave(quick_lab):
-    lab = quick_lab(slots=2, sleep=1.0)
-    nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
+def interrupt_once_submitted(lab, strategy: str):
+    """Start `search --waves 1` over WIDE, Ctrl-C it once its wave is submitted: (the wave, the process)."""
     args = [
         sys.executable,
         "-m",
         "nightlab",
         "search",
         "--strategy",
-        "greedy",
+        strategy,
         "--space",
         WIDE,
         "--waves",
@@ -107,6 +106,13 @@ def test_interrupted_search_resumes_its_wave(quick_lab):
     [wave] = wait_until(submitted, timeout=30)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
+    return wave, proc
+
+
+def test_interrupted_search_resumes_its_wave(quick_lab):
+    lab = quick_lab(slots=2, sleep=1.0)
+    nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
+    wave, proc = interrupt_once_submitted(lab, "greedy")
     assert proc.stdout.read() == ""  # interrupted before the wave was judged
     started = time.time()
     again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
@@ -182,29 +188,7 @@ def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
 
 def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twice(quick_lab):
     lab = quick_lab(slots=4, sleep=1.0)
-    args = [
-        sys.executable,
-        "-m",
-        "nightlab",
-        "search",
-        "--strategy",
-        "surface",
-        "--space",
-        WIDE,
-        "--waves",
-        "1",
-    ]
-    proc = subprocess.Popen(
-        args, cwd=lab, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
-    )
-
-    def submitted():
-        with open_ledger(lab) as ledger:
-            return [w for w in ledger.waves() if "search" in w.spec and ledger.experiments(wave=w.id)]
-
-    wait_until(submitted, timeout=30)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    interrupt_once_submitted(lab, "surface")
     again = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
     assert "no noise floor" not in again.stderr and "noise floor on cpu: 0.0" in again.stderr
     assert again.stdout.startswith("wave 1 w002: 1/1 runs")

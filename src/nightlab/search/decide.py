@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nightlab.errors import UsageError
 
 __all__ = [
     "Decision",
+    "pooled_sd",
     "adjusted_z",
     "best_of_wave",
     "Figure",
@@ -107,6 +108,18 @@ def _sigma(fig: Figure, noise_sigma: float | None) -> float | None:
     if fig.std is None:
         return noise_sigma
     return fig.std if noise_sigma is None else max(fig.std, noise_sigma)
+
+
+def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float | None, int]:
+    """The pooled sd of the groups of repeated runs (groups of one run add nothing), and its
+    degrees of freedom; (None, 0) when no group has two runs."""
+    ss, dof = 0.0, 0
+    for values in groups:
+        if len(values) > 1:
+            mean = sum(values) / len(values)
+            ss += sum((v - mean) ** 2 for v in values)
+            dof += len(values) - 1
+    return (math.sqrt(ss / dof), dof) if dof else (None, 0)
 
 
 def repeats_needed(

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from nightlab.errors import UsageError
+from nightlab.search.decide import pooled_sd
 from nightlab.search.designs import Design, two_level_design
 from nightlab.search.knobs import parse_value
 from nightlab.search.spaces import Choice, Dimension, IntRange, LogUniform, Pow2, Uniform
@@ -436,17 +437,6 @@ def replicate_groups(
     return groups
 
 
-def pooled_sd(groups: Mapping[tuple, Sequence[float]]) -> float:
-    """The pooled run-to-run sd of the configurations measured more than once (0 when none)."""
-    ss, df = 0.0, 0
-    for values in groups.values():
-        if len(values) > 1:
-            mean = sum(values) / len(values)
-            ss += sum((v - mean) ** 2 for v in values)
-            df += len(values) - 1
-    return math.sqrt(ss / df) if df else 0.0
-
-
 class PatternStrategy(_SteppedStrategy):
     """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
 
@@ -555,7 +545,7 @@ class PatternStrategy(_SteppedStrategy):
         return (centre, runs) if moved else None
 
     def _noise(self, history: Sequence[Observation]) -> float:
-        return pooled_sd(replicate_groups(history, self.dims, self._figures))
+        return pooled_sd(replicate_groups(history, self.dims, self._figures).values())[0] or 0.0
 
     def _fitted_step(
         self, centre: Knobs, runs: Sequence[Observation], f0: float, noise: float

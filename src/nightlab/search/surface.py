@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from nightlab.errors import UsageError
+from nightlab.search.decide import pooled_sd
 from nightlab.search.knobs import parse_value
 from nightlab.search.spaces import Dimension
 from nightlab.search.strategies import (
@@ -45,7 +46,6 @@ from nightlab.search.strategies import (
     Observation,
     _key,
     _step_value,
-    pooled_sd,
     replicate_groups,
     stencil,
 )
@@ -175,8 +175,8 @@ class SurfaceStrategy(BaseStrategy):
         by_key = {**self._configs, **{_key(o.knobs, self.dims): o.knobs for o in history}}
         X = np.array([self._coded(by_key[key]) for key, values in groups.items() for _ in values])
         y = (1.0 if self.lower_is_better else -1.0) * np.array([v for vs in groups.values() for v in vs])
-        repeated = any(len(v) > 1 for v in groups.values())
-        return X, y, max(pooled_sd(groups), 1e-9) if repeated else _fallback_sigma(y)
+        sigma, _ = pooled_sd(groups.values())
+        return X, y, _fallback_sigma(y) if sigma is None else max(sigma, 1e-9)
 
     def _model(self, X: np.ndarray, y: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(g, H made positive definite, covariance) of the fit on X, centred where X is 0."""
