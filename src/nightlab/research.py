@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nightlab import snapshots
-from nightlab.analysis import ok_values
+from nightlab.analysis import noise_sigma, ok_values
 from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
+from nightlab.search.decide import best_of_wave
+from nightlab.search.decide import promote as pick
 from nightlab.waves import (
     head_files,
     head_knobs,
@@ -45,6 +47,7 @@ from nightlab.waves import (
     submit_incumbent,
     submit_repeats,
     submit_wave,
+    wave_effects,
     wave_points,
 )
 
@@ -177,8 +180,6 @@ class _LabLoop:
         They run alongside the first wave (which `wait` then waits for too), so the other workers
         do not idle through a round of three runs. Returns how many are in flight.
         """
-        from nightlab.analysis import noise_sigma
-
         sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
         if sigma is not None:
             return 0
@@ -197,8 +198,6 @@ class _LabLoop:
         return len(pending)
 
     def report_noise_floor(self) -> None:
-        from nightlab.analysis import noise_sigma
-
         sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
         measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
         self.note(f"noise floor on {self.plan.tier}: {measured}")
@@ -252,8 +251,6 @@ class _LabLoop:
         the same wave, judged with the corners. Done once per wave (a resumed wave is not stepped
         again).
         """
-        from nightlab.waves import wave_effects
-
         lab, plan = self.lab, self.plan
         if "stepped" in lab.ledger.wave(wave_id).spec["search"]:
             return
@@ -291,8 +288,6 @@ class _LabLoop:
 
     def promote(self, wave_id: str) -> str | None:
         """Promote the screened wave's top k candidates that beat the incumbent's screen figure."""
-        from nightlab.search.decide import promote as pick
-
         lab, plan = self.lab, self.plan
         head_tree = lab.head_tree()
         by_tree: dict[str, list[Experiment]] = {}
@@ -324,9 +319,6 @@ class _LabLoop:
 
     def judge(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
         """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
-        from nightlab.analysis import noise_sigma
-        from nightlab.search.decide import best_of_wave
-
         lab, plan = self.lab, self.plan
         head_tree = lab.head_tree()
         source_wave = (

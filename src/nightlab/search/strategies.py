@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -432,7 +433,7 @@ def replicate_groups(
         if o.value is not None:
             groups.setdefault(_key(o.knobs, dims), []).append(o.value)
     for key, values in figures.items():
-        if len(values) > len(groups.get(key, [])):
+        if values and len(values) >= len(groups.get(key, [])):
             groups[key] = list(values)
     return groups
 
@@ -494,14 +495,10 @@ class PatternStrategy(_SteppedStrategy):
         self._incumbents.append(dict(knobs))
 
     def _values_at(self, key: tuple, history: Sequence[Observation]) -> list[float]:
-        seen = [o.value for o in history if o.value is not None and _key(o.knobs, self.dims) == key]
-        figure = self._figures.get(key, [])
-        return figure if len(figure) >= len(seen) else seen
+        return replicate_groups(history, self.dims, self._figures).get(key, [])
 
     def _last_stencil(self, history: Sequence[Observation]) -> tuple[Knobs, list[Observation]] | None:
         """The last wave's centre and runs when it was a stencil (each run moved at most one knob)."""
-        from collections import Counter
-
         if not history:
             return None
         last = max(o.wave for o in history)
