@@ -80,6 +80,12 @@ class AgentConfig:
     stall_seconds: float | None = None  # None: derived from target.timeout by the supervisor
     max_restarts_per_hour: int = 6
     commands: dict[str, str] = field(default_factory=dict)  # agent name -> command line (overrides built-ins)
+    # API outage: wait api_backoff_seconds before the first retry, doubling up to the cap
+    api_backoff_seconds: float = 30.0
+    api_backoff_max_seconds: float = 900.0
+    # USD per million tokens for a CLI that reports tokens but no cost (Codex). The defaults are
+    # OpenAI's list prices for gpt-5 (2026-12): input 1.25, cached input 0.125, output 10.
+    token_prices: tuple[float, float, float] = (1.25, 0.125, 10.0)
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,19 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")
 
     a = _table(doc, "agent", required=False)
-    _no_unknown(a, "agent", {"default", "stall_seconds", "max_restarts_per_hour", "commands"})
+    _no_unknown(
+        a,
+        "agent",
+        {
+            "default",
+            "stall_seconds",
+            "max_restarts_per_hour",
+            "commands",
+            "api_backoff_seconds",
+            "api_backoff_max_seconds",
+            "token_prices",
+        },
+    )
     commands = _get(a, "agent", "commands", dict, {})
     for name, line in commands.items():
         if not isinstance(line, str) or not line.strip():
@@ -240,11 +258,32 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
             f"{CONFIG_NAME}: `agent.stall_seconds` must be positive and `agent.max_restarts_per_hour` "
             f"at least 1, got `{stall}` and `{restarts}`"
         )
+    backoff = float(_get(a, "agent", "api_backoff_seconds", (int, float), 30.0))
+    backoff_max = float(_get(a, "agent", "api_backoff_max_seconds", (int, float), 900.0))
+    if backoff <= 0 or backoff_max < backoff:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `agent.api_backoff_seconds` must be positive and at most "
+            f"`agent.api_backoff_max_seconds`, got `{backoff}` and `{backoff_max}`"
+        )
+    prices = _get(a, "agent", "token_prices", dict, {})
+    _no_unknown(prices, "agent.token_prices", {"input", "cached_input", "output"})
+    default_prices = dict(zip(("input", "cached_input", "output"), AgentConfig.token_prices, strict=True))
+    token_prices = []
+    for key, default in default_prices.items():
+        value = _get(prices, "agent.token_prices", key, (int, float), default)
+        if value < 0:
+            raise ConfigError(
+                f"{CONFIG_NAME}: `agent.token_prices.{key}` must be >= 0 USD per million tokens"
+            )
+        token_prices.append(float(value))
     agent = AgentConfig(
         default=_get(a, "agent", "default", str, "claude"),
         stall_seconds=None if stall is None else float(stall),
         max_restarts_per_hour=restarts,
         commands=dict(commands),
+        api_backoff_seconds=backoff,
+        api_backoff_max_seconds=backoff_max,
+        token_prices=(token_prices[0], token_prices[1], token_prices[2]),
     )
     return LabConfig(target=target, metric=metric, fleet=fleet, search=search, profile=profile, agent=agent)
 

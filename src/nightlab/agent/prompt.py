@@ -5,7 +5,11 @@ work is in the prompt: the fleet program (and the target's own notes), the incum
 its figures, the noise floor, what runs and waits in the queue, the best results, recent
 crashes, edits left in the working tree and the journal of every idea already tried.
 The journal is condensed to fit `max_journal_chars` (default 40k characters, about 10k
-tokens) so a long night does not crowd out the agent's working context.
+tokens) and to keep the whole prompt under `PROMPT_TOKEN_BUDGET` tokens, so a long night does
+not crowd out the agent's working context. Measured with the real CLIs (tests/agent_real):
+Claude Code 2.1.332 adds ~12k tokens of its own (system prompt and 12 tools), Codex 0.171.0
+~10k, so a first request stays under ~28k tokens: a seventh of a 200k context window. Tokens
+are estimated as characters / 4 (`CHARS_PER_TOKEN`), the usual figure for English and code.
 
 Usage:
     text = build_prompt(lab, session=3, reason="stalled: no activity for 900 s")
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 from nightlab.ledger import ExperimentStatus
 
 MAX_JOURNAL_CHARS = 40_000
+PROMPT_TOKEN_BUDGET = 16_000
+CHARS_PER_TOKEN = 4
 TOP_RESULTS = 5
 RECENT_CRASHES = 5
 
@@ -174,12 +180,14 @@ def build_prompt(
     reason: str | None = None,
     budget: Budget | None = None,
     max_journal_chars: int = MAX_JOURNAL_CHARS,
+    token_budget: int = PROMPT_TOKEN_BUDGET,
 ) -> str:
     """The full prompt for agent session `session` of an open lab.
 
     Args:
         reason: why the previous session ended (None for the first session of a run).
         budget: what is left of the supervisor's limits.
+        token_budget: the journal is condensed so the whole prompt stays under this many tokens.
     """
     from nightlab.agent.journal import build_journal
 
@@ -203,7 +211,8 @@ def build_prompt(
         "",
         "# Research journal (every idea tried so far)",
         "",
-        build_journal(lab).to_text(max_chars=max_journal_chars).strip(),
+    ]
+    tail = [
         "",
         "# Now",
         "",
@@ -211,4 +220,7 @@ def build_prompt(
         "fleet slot busy: submit, restore the file, prepare the next idea, `nightlab wait --any`, adopt "
         "only `keep` verdicts.",
     ]
-    return "\n".join(lines) + "\n"
+    rest = sum(len(line) + 1 for line in lines + tail)
+    room = min(max_journal_chars, max(0, token_budget * CHARS_PER_TOKEN - rest - 1))
+    journal = build_journal(lab).to_text(max_chars=room).strip()
+    return "\n".join([*lines, journal, *tail]) + "\n"

@@ -8,8 +8,18 @@ no transcript output and no submission for `stall_seconds`. Then a new session s
 the state as it is now, so nothing the previous one learned is lost: it is in the ledger.
 
 Limits stop the whole run: `max_hours` of wall clock, `max_experiments` submitted during
-the run, and `max_restarts_per_hour` (an agent that dies at once, e.g. for want of a login,
-would otherwise restart forever). Experiments already queued keep running in the fleet.
+the run, `max_cost` USD of API cost reported by the agent CLI, and `max_restarts_per_hour`
+(an agent that dies at once, e.g. for want of a login, would otherwise restart forever). A
+built-in CLI that exits at start without writing a single transcript event (Claude Code as
+root without `IS_SANDBOX`, a missing login) stops the run at once with its one-line error
+(`failed-at-start`). Experiments already queued keep running in the fleet.
+
+The transcript is read as JSON lines (`transcripts.read_transcript`): it tells why a session
+ended, what it cost and what it did. A session that ended because the model API failed
+(Claude Code's `terminal_reason: api_error`, Codex's `turn.failed`) is not a restart: the
+supervisor waits `api_backoff` s, doubling per failure up to `api_backoff_max`, shows "API
+unavailable since …, next try at …" in the state, and clears it once a model turn succeeds.
+The fleet keeps running meanwhile: it does not depend on the agent.
 
 The agent runs in its own process group, so stopping it (SIGTERM, then SIGKILL after
 `term_grace` s) also stops the commands it started; the fleet controller has its own session
@@ -40,6 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nightlab.agent.transcripts import SessionReport, TokenPrices, context_full, read_transcript
 from nightlab.config import AgentConfig, LabConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.locks import try_lock
@@ -51,17 +62,20 @@ STATE_NAME = "state.json"
 # asking: nobody is there to approve. Run the lab in a container or VM you can afford to let
 # an agent loose in. Claude Code: `-p` prints and exits, stream-json (needs --verbose) makes
 # every tool call a transcript line, which is what stall detection watches. Codex: `exec -`
-# reads the prompt from stdin, `--json` streams events as JSON lines.
+# reads the prompt from stdin, `--json` streams events as JSON lines; its shell tool runs
+# `bash -lc` by default, and a login shell resets PATH from /etc/profile (measured on Codex
+# 0.171.0: `nightlab: command not found`), so login shells are off.
 BUILTIN_AGENTS: dict[str, str] = {
     "claude": "claude -p --output-format stream-json --verbose --dangerously-skip-permissions",
-    "codex": "codex exec --json --dangerously-bypass-approvals-and-sandbox -",
+    "codex": "codex exec --json --dangerously-bypass-approvals-and-sandbox -c allow_login_shell=false -",
 }
-# What agents print when their context is full (Claude Code's result event, Codex's error).
-_CONTEXT = re.compile(
-    r"prompt is too long|context[_ ]length[_ ]exceeded|maximum context length|out of room in the model's "
-    r"context window|context window (?:is )?(?:full|exceeded)",
-    re.IGNORECASE,
-)
+# Claude Code refuses --dangerously-skip-permissions as root (exit 1 in 0.5 s) unless this
+# documented variable says the machine is a sandbox. Choosing the unattended line on a box
+# where you are root (rented GPU machines, containers) is that statement; it is set only then.
+CLAUDE_SANDBOX_ENV = "IS_SANDBOX"
+CLAUDE_UNATTENDED_FLAG = "--dangerously-skip-permissions"
+KNOWN_CLIS = ("claude", "codex")
+START_FAILURE_SECONDS = 30.0  # a built-in CLI that exits this soon without one JSON event did not start
 _MAX_TURNS = re.compile(r'"subtype"\s*:\s*"error_max_turns"')
 TAIL_BYTES = 8192  # the end of a transcript is where an agent reports why it stopped
 TERM_GRACE = 10.0
@@ -76,6 +90,9 @@ class Limits:
     max_experiments: int | None = None
     max_restarts_per_hour: int = 6
     stall_seconds: float = 900.0
+    max_cost: float | None = None  # USD of API cost over the run
+    api_backoff: float = 30.0  # seconds before the first retry after an API failure, doubling
+    api_backoff_max: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,11 @@ class AgentCommand:
 
     name: str
     argv: tuple[str, ...]
+
+    @property
+    def cli(self) -> str | None:
+        """`claude` or `codex` when the command runs one of them (also behind `env` or a path)."""
+        return next((Path(a).name for a in self.argv[:4] if Path(a).name in KNOWN_CLIS), None)
 
 
 def default_stall_seconds(config: LabConfig) -> float:
@@ -181,9 +203,10 @@ def _alive(pid: int | None) -> bool:
 
 @dataclass(frozen=True)
 class SessionEnd:
-    reason: str  # exit N | context | max-turns | stall | stopped | max-hours | max-experiments
+    reason: str  # exit N | context | max-turns | api-error | stall | stopped | failed-at-start | a limit
     final: bool  # the run stops (a limit or a stop request) rather than restarting
     exit_code: int | None
+    report: SessionReport | None = None
 
 
 class Supervisor:
@@ -195,6 +218,7 @@ class Supervisor:
         command: AgentCommand,
         limits: Limits,
         *,
+        prices: TokenPrices | None = None,
         poll: float | None = None,
         term_grace: float = TERM_GRACE,
         log: Callable[[str], None] | None = None,
@@ -202,6 +226,7 @@ class Supervisor:
         self.lab_dir = lab_dir.resolve()
         self.command = command
         self.limits = limits
+        self.prices = prices or TokenPrices(*AgentConfig.token_prices)
         # a tenth of the stall time: detection is late by at most 10 %
         self.poll = poll if poll is not None else min(1.0, max(0.05, limits.stall_seconds / 10))
         self.term_grace = term_grace
@@ -257,6 +282,7 @@ class Supervisor:
             "status": "running",
             "lab": str(self.lab_dir),
             "agent": self.command.name,
+            "cli": self.command.cli,
             "command": list(self.command.argv),
             "limits": asdict(self.limits),
             "started_at": now,
@@ -271,6 +297,10 @@ class Supervisor:
             "restarts": [],
             "restarts_total": 0,
             "sessions": [],
+            "cost_usd": 0.0,
+            "api": None,  # while the model API is down: since, failures, next_try_at, last_error
+            "api_outages": [],
+            "error": None,
             "stop_reason": None,
         }
         _write_state(self.lab_dir, self.state)
@@ -280,7 +310,9 @@ class Supervisor:
             try:
                 while True:
                     stop = self._limit_reached()
-                    if stop is None and reason is not None:
+                    if stop is None and reason == "api-error":
+                        stop = self._back_off(lab)  # an outage is waited out, not counted as a restart
+                    elif stop is None and reason is not None:
                         stop = self._count_restart()
                     if stop is not None:
                         return self._finish(stop)
@@ -316,7 +348,47 @@ class Supervisor:
             return "max-hours"
         if lim.max_experiments is not None and self.state["experiments_submitted"] >= lim.max_experiments:
             return "max-experiments"
+        if lim.max_cost is not None and self.state["cost_usd"] >= lim.max_cost:
+            return "max-cost"
         return None
+
+    # -------------------------------------------------------------- API outages
+
+    def _api_failed(self, report: SessionReport, session_started: float) -> None:
+        """Record a session lost to the model API and schedule the next try (capped doubling)."""
+        now = time.time()
+        api = self.state["api"] or {"since": session_started, "failures": 0}
+        api["failures"] += 1
+        delay = min(self.limits.api_backoff_max, self.limits.api_backoff * 2 ** (api["failures"] - 1))
+        api.update(delay=delay, next_try_at=now + delay, last_error=report.error, status=report.api_status)
+        self.state["api"] = api
+        self.log(
+            f"API unavailable since {_clock(api['since'])} ({report.error or 'no detail'}); "
+            f"next try at {_clock(api['next_try_at'])} (in {delay:.0f} s)"
+        )
+
+    def _api_back(self) -> None:
+        api = self.state["api"]
+        if api is None:
+            return
+        now = time.time()
+        self.state["api_outages"].append({"since": api["since"], "until": now, "failures": api["failures"]})
+        self.state["api"] = None
+        self.log(f"API available again after {now - api['since']:.0f} s ({api['failures']} failed sessions)")
+
+    def _back_off(self, lab) -> str | None:
+        """Wait until the next try, still counting submissions and obeying stop requests and limits."""
+        written = 0.0
+        while (left := self.state["api"]["next_try_at"] - time.time()) > 0:
+            stop = self._limit_reached()
+            if stop is not None:
+                return stop
+            self._count_submissions(lab)
+            if time.time() - written >= STATE_EVERY:
+                self.state["updated_at"] = written = time.time()
+                _write_state(self.lab_dir, self.state)
+            self._stop.wait(min(self.poll, left))
+        return self._limit_reached()
 
     # -------------------------------------------------------------- one session
 
@@ -340,15 +412,19 @@ class Supervisor:
             left = max(0, lim.max_experiments - self.state["experiments_submitted"])
         return Budget(hours_left=hours, experiments_left=left)
 
-    def _session(self, lab, reason: str | None) -> SessionEnd:
-        from nightlab.agent.prompt import build_prompt
-
-        n = self._next_session()
-        directory = agent_dir(self.lab_dir)
-        prompt_path = directory / f"prompt-{n}.md"
-        transcript = directory / f"transcript-{n}.log"
-        prompt_path.write_text(build_prompt(lab, session=n, reason=reason, budget=self._budget()))
+    def _argv(self, prompt_path: Path) -> list[str]:
         argv = [a.replace("{prompt_file}", str(prompt_path)) for a in self.command.argv]
+        if (
+            self.command.cli == "claude"
+            and self.limits.max_cost is not None
+            and "--max-budget-usd" not in argv
+        ):
+            # Claude Code stops itself at what is left of the cap, so a long session cannot overrun it
+            left = max(0.0, self.limits.max_cost - self.state["cost_usd"])
+            argv[1:1] = ["--max-budget-usd", f"{left:.4f}"]
+        return argv
+
+    def _env(self, prompt_path: Path, n: int) -> dict[str, str]:
         # the agent's `nightlab` must be this nightlab, whatever PATH the user's shell had
         bindir = str(Path(sys.executable).parent)
         env = {
@@ -358,7 +434,30 @@ class Supervisor:
             "NIGHTLAB_AGENT_SESSION": str(n),
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         }
+        if (
+            self.command.cli == "claude"
+            and CLAUDE_UNATTENDED_FLAG in self.command.argv
+            and os.geteuid() == 0
+        ):
+            # only "1" counts: measured, `IS_SANDBOX=yes` (set on some hosted machines) is refused
+            env[CLAUDE_SANDBOX_ENV] = "1"
+        return env
+
+    def _session(self, lab, reason: str | None) -> SessionEnd:
+        from nightlab.agent.prompt import build_prompt
+
+        n = self._next_session()
+        directory = agent_dir(self.lab_dir)
+        prompt_path = directory / f"prompt-{n}.md"
+        transcript = directory / f"transcript-{n}.log"
+        prompt_path.write_text(build_prompt(lab, session=n, reason=reason, budget=self._budget()))
+        argv = self._argv(prompt_path)
+        env = self._env(prompt_path, n)
+        if reason is None and env.get(CLAUDE_SANDBOX_ENV) != os.environ.get(CLAUDE_SANDBOX_ENV):
+            self.log(f"running as root: {CLAUDE_SANDBOX_ENV}=1 set for Claude Code's unattended line")
         try:
+            # stdin is the prompt file: the agent reads it to its end and then sees EOF, never a
+            # terminal or a pipe left open (Codex waits forever for more input on an open stdin)
             with open(prompt_path, "rb") as stdin, open(transcript, "ab") as out:
                 proc = subprocess.Popen(
                     argv,
@@ -387,18 +486,83 @@ class Supervisor:
             end = self._watch(lab, proc, transcript)
         finally:
             self._kill(proc)
-        self.state["sessions"].append(
-            {
-                "n": n,
-                "started_at": started,
-                "ended_at": time.time(),
-                "end": end.reason,
-                "exit_code": end.exit_code,
-            }
+        self._count_submissions(lab)
+        end = self._settle(end, transcript, started)
+        report = end.report or read_transcript(transcript)
+        cost = report.cost_usd(self.prices)
+        self.state["cost_usd"] += cost or 0.0
+        session = {
+            "n": n,
+            "started_at": started,
+            "ended_at": time.time(),
+            "end": end.reason,
+            "exit_code": end.exit_code,
+            "cost_usd": cost,
+            "turns": report.turns,
+            "commands": report.commands,
+            "input_tokens": report.input_tokens,
+            "cached_input_tokens": report.cached_input_tokens,
+            "output_tokens": report.output_tokens,
+            "last_command": report.last_command,
+            "last_message": report.last_message,
+            "error": report.error,
+        }
+        self.state["sessions"].append(session)
+        lab.ledger.log_event(
+            "agent-session",
+            run_started_at=self.state["started_at"],
+            agent=self.command.name,
+            cli=self.command.cli,
+            **{k: session[k] for k in ("n", "started_at", "ended_at", "end", "cost_usd")},
+            input_tokens=report.input_tokens,
+            output_tokens=report.output_tokens,
         )
         self.state.update(agent_pid=None, updated_at=time.time())
         _write_state(self.lab_dir, self.state)
         return end
+
+    def _settle(self, end: SessionEnd, transcript: Path, started: float) -> SessionEnd:
+        """Turn a plain exit into what the transcript says it was; track the API's availability."""
+        report = read_transcript(transcript)
+        if report.failure == "api":
+            self._api_failed(report, started)
+        elif report.turns > 0:
+            self._api_back()
+        if end.exit_code is None:  # stalled, stopped or at a limit: the agent did not choose to end
+            return SessionEnd(end.reason, end.final, None, report)
+        code = end.exit_code
+        if report.failure == "api":
+            return SessionEnd("api-error", False, code, report)
+        if report.failure == "context":
+            return SessionEnd("context", False, code, report)
+        if report.failure == "max-turns":
+            return SessionEnd("max-turns", False, code, report)
+        tail = _tail(transcript)
+        if report.cli is None and context_full(tail):
+            return SessionEnd("context", False, code, report)
+        if report.cli is None and _MAX_TURNS.search(tail):
+            return SessionEnd("max-turns", False, code, report)
+        if (
+            code != 0
+            and self.command.cli is not None
+            and report.cli is None
+            and time.time() - started < START_FAILURE_SECONDS
+        ):
+            self.state["error"] = self._start_failure(code, tail)
+            self.log(self.state["error"])
+            return SessionEnd("failed-at-start", True, code, report)
+        return SessionEnd(f"exit {code}", False, code, report)
+
+    def _start_failure(self, code: int, tail: str) -> str:
+        lines = [line.strip() for line in tail.splitlines() if line.strip()]
+        last = lines[-1] if lines else "(no output)"
+        hint = "run it by hand in the lab to see why"
+        if "root" in last and self.command.cli == "claude":
+            hint = (
+                f"run as a normal user, or use the built-in `--agent claude` line (it sets {CLAUDE_SANDBOX_ENV}=1 "
+                "as root)"
+            )
+        return f"`{self.command.cli}` exited at start (code {code}) without a transcript: {last}; {hint}"
 
     def _watch(self, lab, proc: subprocess.Popen, transcript: Path) -> SessionEnd:
         size = 0
@@ -407,7 +571,7 @@ class Supervisor:
             code = proc.poll()
             self._count_submissions(lab)
             if code is not None:
-                return SessionEnd(self._exit_reason(code, transcript), False, code)
+                return SessionEnd(f"exit {code}", False, code)
             stop = self._limit_reached()
             if stop is not None:
                 return SessionEnd(stop, True, None)
@@ -419,6 +583,8 @@ class Supervisor:
             if current != size:
                 size = current
                 self.state["last_activity"] = now
+                if self.state["api"] is not None and read_transcript(transcript).turns > 0:
+                    self._api_back()  # the model answered: the outage is over
             if now - self.state["last_activity"] > self.limits.stall_seconds:
                 return SessionEnd("stall", False, None)
             if now - written >= STATE_EVERY or self.state["updated_at"] < self.state["last_activity"]:
@@ -448,20 +614,6 @@ class Supervisor:
             self.state["experiments_submitted"] += submitted
             self.state["last_activity"] = time.time()
 
-    @staticmethod
-    def _exit_reason(code: int, transcript: Path) -> str:
-        try:
-            with open(transcript, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
-                tail = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            tail = ""
-        if _CONTEXT.search(tail):
-            return "context"
-        if _MAX_TURNS.search(tail):
-            return "max-turns"
-        return f"exit {code}"
-
     def _kill(self, proc: subprocess.Popen) -> None:
         """Stop the agent's whole process group: SIGTERM, then SIGKILL after the grace period.
 
@@ -478,6 +630,19 @@ class Supervisor:
                     return
                 time.sleep(0.05)
         proc.wait()
+
+
+def _tail(transcript: Path) -> str:
+    try:
+        with open(transcript, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -547,11 +712,73 @@ def stop(lab_dir: Path, *, timeout: float = TERM_GRACE + 20.0) -> int | None:
 
 
 def status(lab_dir: Path) -> dict[str, Any]:
-    """The supervisor's state with `running` (is it alive now) and `agent_alive` added."""
+    """The supervisor's state with `running` (is it alive now), `agent_alive` and `gpu_cost_usd` added.
+
+    `gpu_cost_usd` is the fleet's cost so far (`fleet.costs.cost_summary`), None for a lab
+    without priced (remote) workers: the API cost is shown next to it.
+    """
+    from nightlab.fleet.costs import cost_summary
+    from nightlab.ledger import open_ledger
+
     state = dict(read_state(lab_dir) or {})
     running = running_pid(lab_dir) is not None
     state["running"] = running
     if state.get("status") == "running" and not running:
         state["status"] = "dead"  # killed without cleaning up: its agent may still run
     state["agent_alive"] = _alive(state.get("agent_pid"))
+    state["gpu_cost_usd"] = None
+    if (lab_dir / ".nightlab" / "ledger.db").is_file():
+        ledger = open_ledger(lab_dir)
+        try:
+            summary = cost_summary(ledger)
+        finally:
+            ledger.close()
+        state["gpu_cost_usd"] = None if summary is None else summary["total_cost"]
     return state
+
+
+# ---------------------------------------------------------------------------- one-line views
+# `nightlab agent status` and the dashboard show the same lines, so they are written once here.
+
+
+def outage_line(state: dict[str, Any], *, now: float | None = None) -> str | None:
+    """ "API unavailable since …, next try at …" while the model API is down, else None."""
+    api = state.get("api")
+    if not api:
+        return None
+    now = time.time() if now is None else now
+    next_try = api["next_try_at"]
+    when = f"in {next_try - now:.0f} s" if next_try > now else "now"
+    failures = api["failures"]
+    return (
+        f"API unavailable since {_clock(api['since'])} ({now - api['since']:.0f} s), next try at "
+        f"{_clock(next_try)} ({when}); {failures} failed session{'s' if failures != 1 else ''}, "
+        f"last error: {api.get('last_error') or '-'}"
+    )
+
+
+def cost_line(state: dict[str, Any]) -> str:
+    """API cost of the run, of the last session and the cap, next to the fleet's GPU cost."""
+    sessions = state.get("sessions") or []
+    parts = [f"API ${state.get('cost_usd') or 0.0:.2f} this run"]
+    last = sessions[-1].get("cost_usd") if sessions else None
+    if last is not None:
+        parts.append(f"${last:.2f} last session")
+    cap = (state.get("limits") or {}).get("max_cost")
+    if cap is not None:
+        parts.append(f"cap ${cap:.2f}")
+    gpu = state.get("gpu_cost_usd")
+    parts.append(f"GPU {'-' if gpu is None else f'${gpu:.2f}'} (fleet)")
+    return ", ".join(parts)
+
+
+def session_line(session: dict[str, Any]) -> str:
+    """One finished session from its transcript: how it ended, what it did and cost, its last words."""
+    cost = session.get("cost_usd")
+    line = (
+        f"session {session['n']}: {session['end']} after {session['ended_at'] - session['started_at']:.0f} s, "
+        f"{session.get('turns', 0)} turns, {session.get('commands', 0)} commands"
+        + ("" if cost is None else f", ${cost:.2f}")
+    )
+    said = session.get("error") or session.get("last_message")
+    return line + (f"; {said}" if said else "")

@@ -41,9 +41,18 @@ def command() -> None:
     default=None,
     help="Restart the agent after this long without output or submission (default: agent.stall_seconds).",
 )
+@click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="USD",
+    help="Stop the agent (not the fleet) once its CLI reports this much API cost in the run.",
+)
 @click.option("--background", is_flag=True, help="Whether or not to detach and return at once.")
 @lab_option
-def run(agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds, background, lab_dir) -> None:
+def run(
+    agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds, max_cost, background, lab_dir
+) -> None:
     """Run the agent headless in the lab; restart it with a fresh state prompt whenever it exits or stalls.
 
     Blocks until a limit is reached or Ctrl-C (which stops the agent too); `--background`
@@ -54,6 +63,7 @@ def run(agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds,
       nightlab agent run --agent claude --max-hours 8 --background && nightlab agent status --json | jq .session
     """
     from nightlab.agent import supervisor as sup
+    from nightlab.agent.transcripts import TokenPrices
     from nightlab.lab import Lab
 
     with Lab.open(lab_dir) as lab:
@@ -64,6 +74,9 @@ def run(agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds,
         max_experiments=max_experiments,
         max_restarts_per_hour=max_restarts_per_hour or config.agent.max_restarts_per_hour,
         stall_seconds=stall_seconds or sup.default_stall_seconds(config),
+        max_cost=max_cost,
+        api_backoff=config.agent.api_backoff_seconds,
+        api_backoff_max=config.agent.api_backoff_max_seconds,
     )
     if background:
         args = ["--agent", agent or config.agent.default]
@@ -72,6 +85,7 @@ def run(agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds,
             ("--max-experiments", max_experiments),
             ("--max-restarts-per-hour", limits.max_restarts_per_hour),
             ("--stall-seconds", limits.stall_seconds),
+            ("--max-cost", max_cost),
         ):
             if value is not None:
                 args += [flag, str(value)]
@@ -81,8 +95,12 @@ def run(agent, max_hours, max_experiments, max_restarts_per_hour, stall_seconds,
             f"agent supervisor started (pid {pid}); follow with `nightlab agent status`, stop with `nightlab agent stop`"
         )
         return
-    reason = sup.Supervisor(path, command_, limits, log=say).run()
+    prices = TokenPrices(*config.agent.token_prices)
+    supervisor = sup.Supervisor(path, command_, limits, prices=prices, log=say)
+    reason = supervisor.run()
     click.echo(reason)
+    if reason == "failed-at-start":  # the one-line cause was logged; a script must see a failure
+        raise SystemExit(1)
 
 
 @command.command("stop")
@@ -134,7 +152,16 @@ def status(as_json, lab_dir) -> None:
         f"max experiments {lim['max_experiments'] if lim['max_experiments'] is not None else '-'}",
         f"max restarts/hour {lim['max_restarts_per_hour']}",
         f"stall after {duration(lim['stall_seconds'])}",
+        "max cost " + ("-" if lim.get("max_cost") is None else f"${lim['max_cost']:.2f}"),
     ]
     click.echo(f"  limits: {', '.join(parts)}")
+    if state.get("error"):
+        click.echo(f"  error: {state['error']}")
+    outage = sup.outage_line(state)
+    if outage:
+        click.echo(f"  {outage}")
+    click.echo(f"  cost: {sup.cost_line(state)}")
+    for session in (state.get("sessions") or [])[-3:]:
+        click.echo(f"  {sup.session_line(session)}")
     if state["transcript"]:
         click.echo(f"  transcript: {state['transcript']}")

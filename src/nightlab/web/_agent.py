@@ -16,6 +16,7 @@ from nightlab.fleet.runner import clean_lines, read_tail
 
 TRANSCRIPT_LINES = 200
 LINE_CHARS = 2000
+SESSIONS = 5  # the last sessions listed, newest last
 
 
 def _transcript(agent_dir: Path, state: dict[str, Any]) -> Path | None:
@@ -27,7 +28,8 @@ def _transcript(agent_dir: Path, state: dict[str, Any]) -> Path | None:
 
 
 def agent_state(lab_dir: Path) -> dict[str, Any]:
-    """`present` (an agent ran here), `status` (= `nightlab agent status --json`), the transcript tail."""
+    """`present` (an agent ran here), `status` (= `nightlab agent status --json`), the transcript tail,
+    and the `outage`, `cost` and last `sessions` lines of `nightlab agent status`."""
     from nightlab.agent import supervisor
     from nightlab.errors import NightlabError
 
@@ -38,6 +40,9 @@ def agent_state(lab_dir: Path) -> dict[str, Any]:
         "error": None,
         "transcript_file": None,
         "transcript_tail": [],
+        "outage": None,
+        "cost": None,
+        "sessions": [],
     }
     if not agent_dir.is_dir():
         return out
@@ -47,6 +52,10 @@ def agent_state(lab_dir: Path) -> dict[str, Any]:
         out.update(present=True, error=str(e))
         return out
     out.update(present="pid" in status, status=status)
+    if "pid" in status:  # the lines `nightlab agent status` prints, written once in the supervisor
+        out["outage"] = supervisor.outage_line(status)
+        out["cost"] = supervisor.cost_line(status)
+        out["sessions"] = [supervisor.session_line(s) for s in (status.get("sessions") or [])[-SESSIONS:]]
     transcript = _transcript(agent_dir, status)
     if transcript is not None:
         out["present"] = True
