@@ -60,7 +60,12 @@ def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     # the real tool calls did the research: 4 experiments by the agent, lr 0.02 adopted
     rows = json.loads(nightlab("results", "--json", cwd=lab).stdout)["experiments"]
     by_agent = sorted((r["id"], r["description"]) for r in rows if r["description"].startswith("lr "))
-    assert by_agent == [("e0003", "lr 0.02"), ("e0004", "lr 0.04"), ("e0005", "lr 0.005"), ("e0006", "lr 0.03")]
+    assert by_agent == [
+        ("e0003", "lr 0.02"),
+        ("e0004", "lr 0.04"),
+        ("e0005", "lr 0.005"),
+        ("e0006", "lr 0.03"),
+    ]
     journal = nightlab("journal", cwd=lab).stdout
     assert "- e0003 keep [adopted]: cpu 1.000000" in journal and "LR 0.01->0.02" in journal
     assert "LR 0.01->0.04" in journal

@@ -434,11 +434,7 @@ class Supervisor:
             "NIGHTLAB_AGENT_SESSION": str(n),
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         }
-        if (
-            self.command.cli == "claude"
-            and CLAUDE_UNATTENDED_FLAG in self.command.argv
-            and os.geteuid() == 0
-        ):
+        if self.command.cli == "claude" and CLAUDE_UNATTENDED_FLAG in self.command.argv and os.geteuid() == 0:
             # only "1" counts: measured, `IS_SANDBOX=yes` (set on some hosted machines) is refused
             env[CLAUDE_SANDBOX_ENV] = "1"
         return env
