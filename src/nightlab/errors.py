@@ -7,6 +7,9 @@ backticks and say what to do next.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 
 class NightlabError(Exception):
     """Root of nightlab's errors: an operation failed (exit code 1)."""
@@ -46,3 +49,30 @@ class LedgerError(NightlabError):
 
 class ControllerError(NightlabError):
     """The fleet controller could not be started, reached or stopped."""
+
+
+class WaitTimeoutError(NightlabError):
+    """`wait` gave up before the experiments ended; `experiments` holds their state at that moment."""
+
+    def __init__(self, message: str, experiments: Sequence[object] = ()) -> None:
+        super().__init__(message)
+        self.experiments = list(experiments)
+
+
+def closest_first(name: str, known: Sequence[str]) -> list[str]:
+    """`known` with the close matches to `name` first, best first, then the rest in their order.
+
+    The one suggestion rule of every "unknown NAME" message (knobs, tiers): case is ignored and
+    difflib's ratio decides (cutoff 0.5, the default 0.6 misses `LR` for `MATRIX_LR`-style typos).
+    """
+    by_upper = {k.upper(): k for k in known}
+    close = difflib.get_close_matches(name.upper(), list(by_upper), n=len(by_upper), cutoff=0.5)
+    ordered = [by_upper[c] for c in close]
+    return ordered + [k for k in known if k not in ordered]
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """`did you mean `X`? ` for the closest match of `name` in `known`, or `` when none is close."""
+    by_upper = {k.upper(): k for k in known}
+    close = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=0.5)
+    return f"did you mean `{by_upper[close[0]]}`? " if close else ""

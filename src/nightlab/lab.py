@@ -23,7 +23,15 @@ from typing import Any
 
 from nightlab import snapshots
 from nightlab.config import CONFIG_NAME, FOREIGN_TIMEOUT, LabConfig, load_lab_config
-from nightlab.errors import DuplicateExperimentError, NightlabError, NotALabError, UsageError
+from nightlab.errors import (
+    DuplicateExperimentError,
+    NightlabError,
+    NotALabError,
+    UsageError,
+    WaitTimeoutError,
+    closest_first,
+    did_you_mean,
+)
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger, NewExperiment, open_ledger
 
 STATE_DIR = ".nightlab"
@@ -195,12 +203,7 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
         from nightlab.agent.instructions import write_agent_files
 
         write_agent_files(staging, config)  # program.md (or program.nightlab.md) and the SKILL.md
-        gitignore = staging / ".gitignore"
-        existing = gitignore.read_text() if gitignore.exists() else ""
-        if ".nightlab/" not in existing.split():
-            gitignore.write_text(
-                existing + ("" if existing.endswith("\n") or not existing else "\n") + ".nightlab/\n"
-            )
+        _ignore_generated(staging / ".gitignore")
         snapshots.git(staging, "init", "--quiet")
         snapshots.git(staging, "checkout", "--quiet", "-b", "research")
         snapshots.git(staging, "add", "--all")
@@ -213,6 +216,20 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+# What nightlab writes into the lab besides its files: the ledger and caches, and what `nightlab
+# report` (and the demo) regenerate from the ledger. Ignored, so the user's `git status` stays clean.
+GENERATED = (".nightlab/", "results.tsv", "results-*.tsv", "progress.png", "costs.md")
+
+
+def _ignore_generated(gitignore: Path) -> None:
+    """Add the generated names to the lab's .gitignore, keeping what a copied target had there."""
+    existing = gitignore.read_text() if gitignore.exists() else ""
+    missing = [name for name in GENERATED if name not in existing.split()]
+    if missing:
+        sep = "" if existing.endswith("\n") or not existing else "\n"
+        gitignore.write_text(existing + sep + "\n".join(missing) + "\n")
 
 
 def _write_builtin_target(dest: Path, profile: dict[str, Any]) -> None:
@@ -274,8 +291,10 @@ class Lab:
 
     def check_tier(self, tier: str) -> str:
         if tier not in self.config.fleet.tiers:
+            known = list(self.config.fleet.tiers)
             raise UsageError(
-                f"no workers of tier `{tier}`; tiers in nightlab.toml: {', '.join(self.config.fleet.tiers)}"
+                f"no workers of tier `{tier}`; {did_you_mean(tier, known)}"
+                f"tiers in nightlab.toml: {', '.join(closest_first(tier, known))}"
             )
         return tier
 
@@ -323,6 +342,7 @@ class Lab:
         files = dict(overrides or {})
         if sets:
             files.update(self._apply_sets(sets, files))
+        self._check_prepared(tier)
         commit, tree, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
@@ -337,10 +357,13 @@ class Lab:
             for s in seeds:
                 prior = self.ledger.find_measured(tree, tier, s)
                 if prior is not None:
+                    done = prior.status.is_finished()
+                    where = f"measured by {prior.id}" if done else f"{prior.status.label} as {prior.id}"
+                    then = "" if done else f"wait for it with `nightlab wait {prior.id}`, or "
                     raise DuplicateExperimentError(
-                        f"these files were already measured on tier `{tier}` with seed {s} by {prior.id} "
-                        f"(`{prior.description}`); use `--seed N` or `--repeats N` for a new measurement, "
-                        "or `--force`"
+                        f"these files on tier `{tier}` with seed {s} are already {where} "
+                        f"(`{prior.description}`); {then}use `--seed N` or `--repeats N` for a new "
+                        "measurement, or `--force`"
                     )
         new = [
             NewExperiment(
@@ -368,6 +391,25 @@ class Lab:
 
             ensure_running(self.path)
         return experiments
+
+    def _check_prepared(self, tier: str) -> None:
+        """Refuse a built-in-target run on local workers before `nightlab prepare`: it would only
+        crash with DataNotPreparedError and burn a slot. Remote pools prepare on their clusters."""
+        if not self.config.target.builtin or self.config.profile is None:
+            return
+        if any(p.backend != "local" for p in self.config.fleet.pools if p.tier == tier):
+            return
+        from nightlab.harness.cache import DataNotPreparedError, load_manifest
+        from nightlab.harness.profiles import Profile, data_dir
+
+        profile = Profile.from_dict(self.config.profile)
+        try:
+            load_manifest(data_dir(profile), profile=profile)
+        except DataNotPreparedError:
+            raise UsageError(
+                f"the `{profile.dataset}` data of this lab's `{profile.name}` profile is not prepared "
+                f"(looked in `{data_dir(profile)}`); run `nightlab prepare` in the lab first"
+            ) from None
 
     def files_of(self, experiment_id: str) -> tuple[dict[str, bytes], str]:
         """The editable files of an experiment's snapshot, and the commit it was derived from."""
@@ -420,7 +462,7 @@ class Lab:
 
         With `ids` None: every experiment that is queued or running now.
         Raises:
-            NightlabError: the timeout passed first (exit 1).
+            WaitTimeoutError: the timeout passed first (exit 1); it carries the experiments' state.
         """
         if ids is None:
             watch = [
@@ -443,9 +485,10 @@ class Lab:
                 on_tick(exps)
             if deadline is not None and time.time() >= deadline:
                 pending = [e.id for e in exps if not e.status.is_finished()]
-                raise NightlabError(
+                raise WaitTimeoutError(
                     f"timed out after {timeout:g} s; still pending: {', '.join(pending)}; "
-                    "wait again or check `nightlab status`"
+                    "wait again or check `nightlab status`",
+                    exps,
                 )
             time.sleep(poll)
 

@@ -5,15 +5,22 @@ results.tsv is what existing autoresearch notebooks read, so its shape is fixed:
 tab-separated, header `commit <metric> memory_gb status description`, the short hash of
 the snapshot, memory = peak_vram_mb / 1024 with one decimal, crashes as 0.000000 / 0.0,
 status keep (adopted experiments and the baseline), discard or crash.
+
+Results compare only within a tier, so results.tsv holds the lab's default tier
+(`fleet.default_tier`) and every other tier with finished runs gets its own
+`results-<tier>.tsv` of the same shape; a lab of one tier has just results.tsv. The wide export
+has a tier column and holds them all. `nightlab init` lists these files in the lab's .gitignore.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from nightlab.config import LabConfig
+from nightlab.display import exact
 from nightlab.fleet.costs import cost_markdown, cost_summary
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger
 
@@ -38,10 +45,10 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False) -> str:
-    """The text of results.tsv (finished experiments in submission order)."""
+def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: str | None = None) -> str:
+    """The text of results.tsv: finished experiments in submission order, of one `tier` (or all)."""
     metric = config.metric.name
-    exps = ledger.experiments(status=ExperimentStatus.FINISHED)
+    exps = [e for e in ledger.experiments(status=ExperimentStatus.FINISHED) if tier is None or e.tier == tier]
     extra: list[str] = []
     if wide:
         keys = sorted({k for e in exps for k in e.metrics} - {metric, "peak_vram_mb"})
@@ -62,7 +69,7 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False) -> str
             for col in _FIXED_WIDE:
                 v = getattr(e, col)
                 row.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
-            row += [_clean(str(e.metrics.get(k, ""))) for k in extra[len(_FIXED_WIDE) :]]
+            row += [_clean(exact(e.metrics.get(k))) for k in extra[len(_FIXED_WIDE) :]]
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 
@@ -159,11 +166,20 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
 def write_report(
     ledger: Ledger, config: LabConfig, lab_dir: Path, *, wide: bool = False, plot: bool = True
 ) -> list[Path]:
-    """Write results.tsv (and results-wide.tsv with `wide`) and progress.png into the lab."""
+    """Write results.tsv (the default tier), results-<tier>.tsv for each other tier with finished
+    runs, results-wide.tsv with `wide`, and progress.png into the lab."""
     written = []
+    default = config.fleet.default_tier
     tsv = lab_dir / "results.tsv"
-    _atomic_write(tsv, results_tsv(ledger, config))
+    _atomic_write(tsv, results_tsv(ledger, config, tier=default))
     written.append(tsv)
+    others = sorted(
+        {e.tier for e in ledger.experiments(status=ExperimentStatus.FINISHED, with_metrics=False)}
+    )
+    for tier in (t for t in others if t != default):
+        path = lab_dir / f"results-{re.sub(r'[^A-Za-z0-9_.-]', '_', tier)}.tsv"  # a tier name is free text
+        _atomic_write(path, results_tsv(ledger, config, tier=tier))
+        written.append(path)
     if wide:
         wide_path = lab_dir / "results-wide.tsv"
         _atomic_write(wide_path, results_tsv(ledger, config, wide=True))

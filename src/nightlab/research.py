@@ -54,7 +54,36 @@ from nightlab.waves import (
 if TYPE_CHECKING:
     from nightlab.lab import Lab
 
-__all__ = ["SearchPlan", "run_search", "tier_slots"]
+__all__ = ["SearchPlan", "WaitProgress", "run_search", "tier_slots"]
+
+
+@dataclass(frozen=True)
+class WaitProgress:
+    """Where the runs a search waits for stand (what `nightlab search` shows while it waits).
+
+    Attributes:
+        label: what is waited for (`wave 1 w0002`, `settle e0007`, ...).
+        done / running / queued: the runs finished (ok or not), running, and queued.
+        crashed: finished runs that gave no result.
+        elapsed: seconds since the wait began.
+        best: (id, metric value) of the best ok run so far, or None.
+    """
+
+    label: str
+    done: int
+    running: int
+    queued: int
+    crashed: int
+    elapsed: float
+    best: tuple[str, float] | None
+
+    def line(self, metric: str) -> str:
+        text = f"{self.label}: {self.done} done, {self.running} running, {self.queued} queued"
+        if self.crashed:
+            text += f" ({self.crashed} crashed)"
+        if self.best is not None:
+            text += f", best {metric} {self.best[1]:.6f} ({self.best[0]})"
+        return text
 
 
 def tier_slots(lab: Lab, tier: str) -> int:
@@ -102,9 +131,17 @@ class _LabLoop:
     """The callables `run_loop` needs, bound to one lab and one search plan."""
 
     def __init__(
-        self, lab: Lab, plan: SearchPlan, dims: Sequence[Any], *, poll: float, note: Callable[[str], None]
+        self,
+        lab: Lab,
+        plan: SearchPlan,
+        dims: Sequence[Any],
+        *,
+        poll: float,
+        note: Callable[[str], None],
+        progress: Callable[[WaitProgress], None] | None = None,
     ):
         self.lab, self.plan, self.dims, self.poll, self.note = lab, plan, dims, poll, note
+        self.progress = progress
         self.metric = lab.config.metric.name
         self.names = [d.name for d in dims]
         self.floor_ids: list[str] = []  # the noise floor's runs, in flight with the first wave
@@ -202,12 +239,33 @@ class _LabLoop:
         measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
         self.note(f"noise floor on {self.plan.tier}: {measured}")
 
-    def wait_ids(self, ids: list[str]) -> list[Experiment]:
+    def wait_ids(self, ids: list[str], label: str) -> list[Experiment]:
         if any(not e.status.is_finished() for e in self.lab.ledger.experiments(ids=ids, with_metrics=False)):
             from nightlab.fleet.daemon import ensure_running
 
             ensure_running(self.lab.path)  # a resumed search may find the controller gone idle
-        return self.lab.wait(ids, poll=self.poll)
+        if self.progress is None:
+            return self.lab.wait(ids, poll=self.poll)
+        started, report = time.time(), self.progress
+        sign = 1 if self.lab.config.metric.lower_is_better else -1
+
+        def tick(exps: list[Experiment]) -> None:
+            ok = [(e.id, e.metric(self.metric)) for e in exps if e.ok and e.metric(self.metric) is not None]
+            report(
+                WaitProgress(
+                    label=label,
+                    done=sum(1 for e in exps if e.status.is_finished()),
+                    running=sum(1 for e in exps if e.status == ExperimentStatus.RUNNING),
+                    queued=sum(1 for e in exps if e.status == ExperimentStatus.QUEUED),
+                    crashed=sum(1 for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok),
+                    elapsed=time.time() - started,
+                    best=min(ok, key=lambda pair: sign * pair[1]) if ok else None,
+                )
+            )
+
+        final = self.lab.wait(ids, poll=self.poll, on_tick=tick)
+        tick(final)
+        return final
 
     def submit(self, proposals: list[dict[str, str]], index: int) -> str:
         plan = self.plan
@@ -229,7 +287,8 @@ class _LabLoop:
         wave = self.lab.ledger.wave(wave_id)
         members = self.lab.ledger.experiments(wave=wave_id, with_metrics=False)
         reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
-        self.wait_ids([e.id for e in members] + reused + self.floor_ids)
+        index = wave.spec["search"]["index"]
+        self.wait_ids([e.id for e in members] + reused + self.floor_ids, f"wave {index + 1} {wave_id}")
         if self.floor_ids:
             self.floor_ids = []
             self.report_noise_floor()
@@ -239,7 +298,10 @@ class _LabLoop:
         if self.plan.screen_tier is not None:
             promotion = state.get("promotion") or self.promote(wave_id)
             if promotion:
-                self.wait_ids([e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)])
+                self.wait_ids(
+                    [e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)],
+                    f"promotion {promotion}",
+                )
         return self.observations(wave_id, state["index"])
 
     def effects_step(self, wave_id: str) -> None:
@@ -284,7 +346,7 @@ class _LabLoop:
             self.set_state(wave_id, stepped=[])
             return
         self.set_state(wave_id, stepped=[e.id for e in exps])
-        self.wait_ids([e.id for e in exps])
+        self.wait_ids([e.id for e in exps], f"{wave_id} main-effects step")
 
     def promote(self, wave_id: str) -> str | None:
         """Promote the screened wave's top k candidates that beat the incumbent's screen figure."""
@@ -354,10 +416,23 @@ class _LabLoop:
         plan, lab = self.plan, self.lab
         needed = decision.repeats_to_settle
         # One round of the validation tier's slots, and at least 4 runs for a single worker.
-        cap = max(tier_slots(lab, plan.tier), 4)
-        if needed is None or needed.candidate + needed.incumbent > cap:
-            return False
+        slots = tier_slots(lab, plan.tier)
+        cap = max(slots, 4)
         if lab.ledger.wave(wave_id).spec["search"].get("settled"):
+            return False
+        if needed is None:
+            self.note(
+                f"{wave_id}: best {rep} is within the noise and not settled: no affordable number of "
+                "repeats would make its gain significant (or the tier has no noise floor)"
+            )
+            return False
+        if needed.candidate + needed.incumbent > cap:
+            self.note(
+                f"{wave_id}: best {rep} is within the noise and not settled: it needs "
+                f"{needed.candidate} + {needed.incumbent} runs, more than one round of tier {plan.tier} "
+                f"({slots} slot{'s' if slots != 1 else ''}, at least 4); queue them by hand with "
+                f"`nightlab submit --from {rep} --repeats {needed.candidate}`"
+            )
             return False
         self.set_state(wave_id, settled=True)
         self.note(
@@ -366,7 +441,7 @@ class _LabLoop:
         ids = [e.id for e in submit_repeats(lab, rep, tier=plan.tier, n=needed.candidate, wave=wave_id)]
         if needed.incumbent:
             ids += [e.id for e in submit_incumbent(lab, plan.tier, wave_id, needed.incumbent)]
-        self.wait_ids(ids)
+        self.wait_ids(ids, f"{wave_id} settling {rep}")
         return True
 
     def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
@@ -421,6 +496,7 @@ def run_search(
     poll: float = 0.2,
     on_wave: Callable[[Any], None] | None = None,
     note: Callable[[str], None] = lambda _: None,
+    progress: Callable[[WaitProgress], None] | None = None,
 ) -> Any:
     """`nightlab search`: run (or resume) the automatic research loop in the foreground.
 
@@ -440,7 +516,8 @@ def run_search(
         effects_step: after each factorial wave, also run the combination its significant main
             effects predict (one more round of up to 4 runs); see `_LabLoop.effects_step`.
         on_wave: called with each wave's `WaveSummary`.
-        note: receives progress lines for people (noise floor, resumed waves).
+        note: receives progress lines for people (noise floor, resumed waves, unsettled bests).
+        progress: called on every poll while the search waits for runs, with a `WaitProgress`.
 
     Returns:
         The `search.strategies.LoopResult`.
@@ -474,7 +551,7 @@ def run_search(
         settle=settle,
         effects_step=effects_step,
     )
-    loop = _LabLoop(lab, plan, dims, poll=poll, note=note)
+    loop = _LabLoop(lab, plan, dims, poll=poll, note=note, progress=progress)
     loop.finish_adoption()
     history, done, pending = loop.replay()
     if done or pending:

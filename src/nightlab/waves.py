@@ -576,7 +576,12 @@ class WaveStatus:
 
     @property
     def crashed(self) -> int:
-        return sum(1 for e in self.runs if e.status.is_finished() and not e.ok)
+        """Runs that ended without a result (crash, timeout, invalid); cancelled ones are `cancelled`."""
+        return sum(1 for e in self.runs if e.status == ExperimentStatus.FINISHED and not e.ok)
+
+    @property
+    def cancelled(self) -> int:
+        return sum(1 for e in self.runs if e.status == ExperimentStatus.CANCELLED)
 
     @property
     def finished(self) -> int:
@@ -601,6 +606,7 @@ class WaveStatus:
             "runs": len(self.runs),
             "finished": self.finished,
             "crashed": self.crashed,
+            "cancelled": self.cancelled,
             "pending": self.pending,
             "best": None if best is None else {"id": best.id, self.metric: best.metric(self.metric)},
             "incumbent": None if self.incumbent is None else self.incumbent.__dict__,

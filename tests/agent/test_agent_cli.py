@@ -80,7 +80,7 @@ def test_ctrl_c_stops_a_foreground_run_and_its_agent(make_lab, seen):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err  # Ctrl-C exits 130, as `wait` and `search` do (README)
     assert out == "stopped\n"
     with pytest.raises(ProcessLookupError):
         os.kill(json.loads((seen / "env-1.json").read_text())["pid"], 0)

@@ -184,3 +184,46 @@ def test_parse_value(text: str, value: object) -> None:
 def test_parse_value_names_the_bad_value() -> None:
     with pytest.raises(UsageError, match="`SSSL`"):
         parse_value("SSSL")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("DEPTH", "2.5", "knob `DEPTH` is int `8`, not float; give an int"),
+        ("DEPTH", "True", "knob `DEPTH` is int `8`, not bool; give an int"),
+        ("BETAS", "0.9", "not float; give a tuple of 2 (float, float)"),
+        ("BETAS", "(0.9, 0.99, 0.999)", "not a tuple of 3; give a tuple of 2 (float, float)"),
+        ("BETAS", "('a', 0.99)", "give a tuple of 2 (float, float)"),
+        ("WINDOW_PATTERN", "1", "knob `WINDOW_PATTERN` is str `'SSSL'`, not int; give a quoted string"),
+        ("USE_FLAG", "1", "knob `USE_FLAG` is bool `True`, not int; give True or False"),
+        ("MATRIX_LR", "'fast'", "knob `MATRIX_LR` is float `0.04`, not str; give a number"),
+    ],
+)
+def test_set_refuses_a_value_of_another_type(name: str, value: str, why: str) -> None:
+    with pytest.raises(UsageError) as info:
+        set_knobs(SCRIPT, {name: value})
+    assert str(info.value).startswith(f"`{name}={value}`: ") and why in str(info.value)
+
+
+def test_set_accepts_values_that_fit_the_knob() -> None:
+    fits = {
+        "DEPTH": "2**3",
+        "MATRIX_LR": "1",  # an int where a float is: a number all the same
+        "BETAS": "[0.9, 1]",
+        "USE_FLAG": "False",
+        "NOTHING": "'anything'",  # a None knob says nothing of its type
+        "SCHEDULE": "[1, 2, 3, 4]",  # a list's length is free, a tuple's is not
+        "WARMUP": "None",  # None switches a feature off, as in a sweep's list
+    }
+    knobs = by_name(set_knobs(SCRIPT, fits))
+    assert knobs["DEPTH"].value == 8 and knobs["BETAS"].value == [0.9, 1] and knobs["WARMUP"].value is None
+
+
+def test_unknown_knob_says_did_you_mean_the_closest() -> None:
+    with pytest.raises(
+        UsageError, match=r"unknown knob `matrix_lr`; did you mean `MATRIX_LR`\? known knobs: MATRIX_LR, "
+    ):
+        set_knobs(SCRIPT, {"matrix_lr": "0.1"})
+    with pytest.raises(UsageError) as info:
+        set_knobs(SCRIPT, {"QQQQ": "0.1"})
+    assert "did you mean" not in str(info.value)  # nothing is close: no guess

@@ -175,3 +175,19 @@ def test_coded_levels_of_a_run() -> None:
     }
     with pytest.raises(UsageError, match="no value for knob `P`"):
         coded_levels(dims, {"LR": "0.04"})
+
+
+def test_a_missing_bracket_is_named_not_taken_for_an_unknown_range() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_space("MATRIX_LR=log(0.01,0.08")
+    assert "`log(` has no closing `)`" in str(info.value) and "unknown range" not in str(info.value)
+    with pytest.raises(UsageError, match="unknown range `normal`"):
+        parse_space("LR=normal(0,1)")
+
+
+def test_a_list_follows_the_set_type_rule() -> None:
+    # a bool is not an int, a tuple keeps its length: the rule `submit --set` follows (knobs.mismatch)
+    with pytest.raises(UsageError, match="the list has bool"):
+        check_knobs([parse_space("DEPTH=True,4")], list_knobs(SCRIPT))
+    with pytest.raises(UsageError, match="the list has tuple"):
+        check_knobs([parse_space("BETAS=(0.8,0.95),(0.9,0.99,0.999)")], list_knobs(SCRIPT))

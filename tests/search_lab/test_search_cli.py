@@ -114,6 +114,9 @@ def test_interrupted_search_resumes_its_wave(quick_lab):
     nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
     wave, proc = interrupt_once_submitted(lab, "greedy")
     assert proc.stdout.read() == ""  # interrupted before the wave was judged
+    said = proc.stderr.read()  # what happens to the runs, and how to go on
+    assert "search interrupted: the lab's 1 queued/running run(s) keep running on the fleet" in said
+    assert "run the same command again to resume from the ledger" in said
     started = time.time()
     again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
     assert f"resuming: 0 waves judged, waiting for {wave.id}" in again.stderr
@@ -178,6 +181,10 @@ def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
     proc = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
     assert "no noise floor on tier cpu: running the incumbent 3 times alongside the first wave" in proc.stderr
     assert "noise floor on cpu: 0.0" in proc.stderr
+    # piped, the wait shows one line per change: runs done / running / queued, then the best so far
+    live = [line for line in proc.stderr.splitlines() if line.startswith("wave 1 w002: ")]
+    assert len(live) >= 2 and len(set(live)) == len(live)
+    assert live[-1].startswith("wave 1 w002: 4 done, 0 running, 0 queued, best val_bpb ")
     # the 4 slots hold the 3 repeats and a first wave of 1 run, in one round
     assert proc.stdout.startswith("wave 1 w002: 1/1 runs")
     with open_ledger(lab) as ledger:
@@ -209,3 +216,28 @@ def test_a_resumed_surface_search_proposes_what_the_uninterrupted_one_did(quick_
     waves = json.loads(nightlab(*args, "--waves", "2", cwd=resumed).stdout)["waves"]
     assert any(w["adopted"] for w in waves)  # the resume has an earlier incumbent to replay
     assert third_wave(resumed) == third_wave(straight)
+
+
+def test_a_within_noise_best_out_of_reach_says_why_it_is_not_settled(quick_lab):
+    from nightlab.lab import Lab
+    from nightlab.research import SearchPlan, _LabLoop
+    from nightlab.search.decide import Decision, Repeats
+
+    lab_dir = quick_lab(slots=1, sleep=0.05)
+    nightlab("sweep", "LR=0.01,0.011", "-m", "close", cwd=lab_dir)
+    nightlab("wait", "--all", "--timeout", "60", cwd=lab_dir)
+    notes: list[str] = []
+    with Lab.open(lab_dir) as lab:
+        [wave] = lab.ledger.waves()
+        lab.ledger.update_wave_spec(wave.id, {**wave.spec, "search": {"index": 0, "judged": False}})
+        plan = SearchPlan("greedy", ("LR=0.01,0.011",), "cpu", None, 1, 1, 2)
+        loop = _LabLoop(lab, plan, [], poll=0.05, note=notes.append)
+        far = Decision("within-noise", 0.001, 0.002, 0.5, Repeats(candidate=7, incumbent=2), "close")
+        assert loop.settle(wave.id, "e0002", far) is False
+        assert notes == [
+            f"{wave.id}: best e0002 is within the noise and not settled: it needs 7 + 2 runs, more than "
+            "one round of tier cpu (1 slot, at least 4); queue them by hand with "
+            "`nightlab submit --from e0002 --repeats 7`"
+        ]
+        assert loop.settle(wave.id, "e0002", Decision("within-noise", 0.0, None, None, None, "?")) is False
+        assert "no affordable number of repeats" in notes[-1]

@@ -280,3 +280,15 @@ def test_cached_pages_follow_the_ledger(make_lab):
         assert c.get("/", params={"partial": 1, "since": version}).status_code == 200
         assert c.get("/api/overview").json()["counts"]["queued"] == 1
         assert c.get("/api/results").json() == json.loads(nightlab("results", "--json", cwd=lab).stdout)
+
+
+def test_figures_read_as_the_cli_prints_them(night_lab, client):
+    # the metrics table: integers as integers, the metric with six decimals (display.number)
+    html = client.get(f"/experiments/{night_lab.ids['better']}").text
+    assert '<th>env_seed</th><td class="num">0</td>' in html
+    assert '<th>training_seconds</th><td class="num">0.2</td>' in html
+    assert re.search(r"<th>val_bpb</th><td class=\"num\">\d\.\d{6}</td>", html)
+    # a wave's spec reads as key=value, never a Python repr
+    wave = client.get(f"/waves/{night_lab.wave}").text
+    facts = wave.split('<dl class="facts">')[1].split("</dl>")[0]
+    assert "{'" not in facts and "None" not in facts and "&#39;" not in facts

@@ -232,10 +232,13 @@ class Supervisor:
         self.term_grace = term_grace
         self.log = log or (lambda message: None)
         self._stop = threading.Event()
+        self.stopped_by: int | None = None  # the signal that asked the run to stop, if one did
         self.state: dict[str, Any] = {}
 
-    def request_stop(self, *_: object) -> None:
-        """Stop the agent and the run (signal-handler safe)."""
+    def request_stop(self, signum: int | None = None, *_: object) -> None:
+        """Stop the agent and the run (signal-handler safe); `stopped_by` keeps the signal."""
+        if signum is not None and self.stopped_by is None:
+            self.stopped_by = signum  # Ctrl-C (SIGINT) makes `agent run` exit 130, as `wait` does
         self._stop.set()
 
     # -------------------------------------------------------------- run

@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     from nightlab.errors import NightlabError
 
     try:
-        cli.main(args=argv, prog_name="nightlab", standalone_mode=False)
+        # Without standalone mode click returns the code of a `click.exceptions.Exit` raised in a
+        # command (`search` and `agent run` exit 130 after Ctrl-C that way) instead of exiting.
+        code = cli.main(args=argv, prog_name="nightlab", standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            sys.exit(code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

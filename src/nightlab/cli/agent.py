@@ -101,6 +101,10 @@ def run(
     click.echo(reason)
     if reason == "failed-at-start":  # the one-line cause was logged; a script must see a failure
         raise SystemExit(1)
+    import signal
+
+    if supervisor.stopped_by == signal.SIGINT:  # one rule for Ctrl-C: exit 130 (README, exit codes)
+        raise click.exceptions.Exit(130)
 
 
 @command.command("stop")

@@ -89,4 +89,9 @@ def command(
         emit_json({"path": str(path)})
         return
     say(f"created lab {path}")
-    say(f'next: cd {directory} && nightlab submit -m "baseline"')
+    from nightlab.config import CONFIG_NAME, load_config
+
+    if load_config(path / CONFIG_NAME).target.builtin:  # the built-in target trains on data `prepare` makes
+        say(f'next: cd {directory} && nightlab prepare && nightlab submit -m "baseline"')
+    else:
+        say(f'next: cd {directory} && nightlab submit -m "baseline"')

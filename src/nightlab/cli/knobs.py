@@ -4,6 +4,14 @@ import click
 
 from nightlab.cli._common import console, emit_json, json_option, with_lab
 
+VALUE_WIDTH = 40  # a long tuple spread over lines must not widen the table past a terminal
+
+
+def one_line(source: str, width: int = VALUE_WIDTH) -> str:
+    """A knob's source on one line, cut at `width` with `…` (`--json` has the full text)."""
+    text = " ".join(source.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
 
 @click.command("knobs")
 @json_option
@@ -47,5 +55,5 @@ def command(lab, as_json) -> None:
     for col in ("name", "value", "type", "where"):
         table.add_column(col, no_wrap=True)
     for r in rows:
-        table.add_row(r["name"], r["source"], r["type"], f"{r['file']}:{r['line']}")
+        table.add_row(r["name"], one_line(r["source"]), r["type"], f"{r['file']}:{r['line']}")
     console().print(table)

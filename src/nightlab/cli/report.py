@@ -17,6 +17,8 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
 def command(lab, wide, no_plot, as_json) -> None:
     """Write results.tsv (the autoresearch format) and progress.png in the lab.
 
+    results.tsv holds the default tier; each other tier with results gets results-TIER.tsv.
+
     \b
     Example:
       nightlab report && column -t -s $'\\t' results.tsv
@@ -29,4 +31,7 @@ def command(lab, wide, no_plot, as_json) -> None:
         return
     for p in paths:
         click.echo(p)
-    say("results.tsv reads like autoresearch's; progress.png shows every run and the incumbent's figure")
+    say(
+        f"results.tsv (tier {lab.config.fleet.default_tier}) reads like autoresearch's; "
+        "progress.png shows every run and the incumbent's figure"
+    )

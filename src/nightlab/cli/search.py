@@ -1,8 +1,55 @@
 from __future__ import annotations
 
+import sys
+
 import click
 
-from nightlab.cli._common import emit_json, json_option, say, with_lab
+from nightlab.cli._common import duration, emit_json, json_option, say, with_lab
+
+
+class LiveLine:
+    """The search's progress while it waits: one line rewritten in place on a terminal, one line
+    per change (a run started or ended) when stderr is piped, so a log reads as a list of events."""
+
+    def __init__(self, metric: str, *, tty: bool) -> None:
+        self.metric, self.tty = metric, tty
+        self.shown = False
+        self.last: tuple | None = None
+
+    def show(self, progress) -> None:
+        text = progress.line(self.metric)
+        if self.tty:
+            sys.stderr.write(f"\r\x1b[K{text}, {duration(progress.elapsed)}")
+            sys.stderr.flush()
+            self.shown = True
+            return
+        key = (progress.label, progress.done, progress.running, progress.queued)
+        if key != self.last:
+            self.last = key
+            say(f"{text}, {duration(progress.elapsed)}")
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def interrupted_message(lab) -> str:
+    """What Ctrl-C leaves behind: the runs keep going on the fleet; the same command resumes."""
+    from nightlab.ledger import ExperimentStatus
+
+    pending = lab.ledger.experiments(
+        status=(ExperimentStatus.QUEUED, ExperimentStatus.RUNNING), with_metrics=False
+    )
+    ids = " ".join(e.id for e in pending)
+    left = (
+        f"the lab's {len(pending)} queued/running run(s) keep running on the fleet "
+        f"(cancel them with `nightlab cancel {ids}`); "
+        if pending
+        else ""
+    )
+    return f"search interrupted: {left}run the same command again to resume from the ledger"
 
 
 @click.command("search")
@@ -77,8 +124,10 @@ def command(
 
     Each wave is centred on the current incumbent; only a winner that beats it on the
     validation tier by more than the noise (z corrected for the wave's size) is adopted.
-    Runs in the foreground and prints one line per wave; Ctrl-C stops it, and the same
-    command resumes from the ledger.
+    Runs in the foreground and prints one line per wave; while it waits, stderr shows the
+    runs done / running / queued and the best so far (a line rewritten on a terminal, one
+    line per change when piped). Ctrl-C stops it (exit 130): queued runs keep running on the
+    fleet, and the same command resumes from the ledger.
 
     \b
     Example:
@@ -89,31 +138,44 @@ def command(
 
     metric = lab.config.metric.name
     lines = []
+    live = LiveLine(metric, tty=sys.stderr.isatty())
 
     def on_wave(summary) -> None:
+        live.clear()
         if as_json:
             lines.append(summary)
         else:
             click.echo(summary.line(metric))
 
-    result = run_search(
-        lab,
-        strategy=strategy,
-        spaces=spaces,
-        waves=waves,
-        hours=hours,
-        wave_size=wave_size,
-        tier=tier,
-        screen_tier=screen_tier,
-        top_k=top_k,
-        repeats=repeats,
-        sampler=sampler,
-        seed=seed,
-        settle=settle,
-        effects_step=effects_step,
-        on_wave=on_wave,
-        note=say,
-    )
+    def note(text: str) -> None:
+        live.clear()
+        say(text)
+
+    try:
+        result = run_search(
+            lab,
+            strategy=strategy,
+            spaces=spaces,
+            waves=waves,
+            hours=hours,
+            wave_size=wave_size,
+            tier=tier,
+            screen_tier=screen_tier,
+            top_k=top_k,
+            repeats=repeats,
+            sampler=sampler,
+            seed=seed,
+            settle=settle,
+            effects_step=effects_step,
+            on_wave=on_wave,
+            note=note,
+            progress=live.show,
+        )
+    except KeyboardInterrupt:
+        live.clear()
+        say(interrupted_message(lab))
+        raise click.exceptions.Exit(130) from None
+    live.clear()
     if as_json:
         emit_json(
             {

@@ -61,8 +61,12 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     )
     if e.params:
         out.print("  set " + " ".join(f"{k}={v}" for k, v in e.params.items()))
+    from nightlab.display import metric_note, number
+
+    metric = lab.config.metric.name
     for key, value in e.metrics.items():
-        out.print(f"  {key}: {value}")
+        note = metric_note(key, e.metrics)
+        out.print(f"  {key}: {number(value, metric=key == metric)}" + (f" ({note})" if note else ""))
     if diff:
         out.print("diff against parent:")
         click.echo(diff.rstrip())

@@ -6,6 +6,28 @@ import click
 
 from nightlab.cli._common import console, duration, emit_json, json_option, with_lab
 
+EXPECTED_FROM_RUNS = 10  # recent ok runs of a tier whose median wall time predicts a run's end
+
+
+def expected_seconds(lab, tier: str) -> float | None:
+    """How long a run of `tier` is expected to take, start to end: the median wall time of the
+    tier's last ok runs, else the profile's training budget (start-up and eval come on top), else
+    None (a foreign target before its first run)."""
+    from statistics import median
+
+    ok = [
+        e.finished_at - e.started_at
+        for e in lab.ledger.experiments(tier=tier, with_metrics=False)
+        if e.ok and e.started_at and e.finished_at
+    ][-EXPECTED_FROM_RUNS:]
+    if ok:
+        return median(ok)
+    if lab.config.profile:
+        from nightlab.harness.profiles import Profile
+
+        return Profile.from_dict(lab.config.profile).budget_seconds
+    return None
+
 
 def fleet_state(lab) -> dict:
     """The controller, workers, running experiments and queue, as plain data."""
@@ -22,6 +44,7 @@ def fleet_state(lab) -> dict:
     now = time.time()
     efficiency = fleet_efficiency(lab.ledger)
     run_rows = []
+    expected = {t: expected_seconds(lab, t) for t in {e.tier for e in running}}
     for e in running:
         attempts = lab.ledger.attempts(e.id)
         current = attempts[-1] if attempts else None
@@ -33,7 +56,11 @@ def fleet_state(lab) -> dict:
                 "tier": e.tier,
                 "attempt": e.attempts,
                 "elapsed": now - started if started else None,
-                "remaining": timeout - (now - started) if started else None,
+                # to the expected end (the budget as the tier's runs spend it); the hard limit
+                # (`target.timeout`, when the run is killed) is a separate figure
+                "remaining": expected[e.tier] - (now - started) if started and expected[e.tier] else None,
+                "expected": expected[e.tier],
+                "timeout": timeout,
                 "description": e.description,
             }
         )
@@ -74,9 +101,16 @@ def print_state(state: dict) -> None:
             )
     out.print(f"running: {len(state['running'])}")
     for r in state["running"]:
+        if r["remaining"] is None:
+            left = "end unknown"
+        elif r["remaining"] >= 0:
+            left = f"~{duration(r['remaining'])} left"
+        else:
+            left = f"{duration(-r['remaining'])} over the expected {duration(r['expected'])}"
+        limit = duration(r["timeout"] - r["elapsed"]) if r["elapsed"] is not None else "-"
         out.print(
-            f"  {r['id']}  {r['worker'] or '-':<14} elapsed {duration(r['elapsed'])}, "
-            f"{duration(r['remaining'])} left  {r['description'][:50]}"
+            f"  {r['id']}  {r['worker'] or '-':<14} elapsed {duration(r['elapsed'])}, {left} "
+            f"(hard limit in {limit})  {r['description'][:50]}"
         )
     out.print(f"queued: {len(state['queued'])}")
     for q in state["queued"][:10]:
@@ -89,7 +123,10 @@ def print_state(state: dict) -> None:
 @json_option
 @with_lab
 def command(lab, as_json) -> None:
-    """Workers, running experiments (elapsed and remaining time) and the queue.
+    """Workers, running experiments (elapsed, time left to the expected end, the hard limit) and the queue.
+
+    The expected end is the median wall time of the tier's last ok runs (before the first one,
+    the profile's training budget); the hard limit is `target.timeout`, when a run is killed.
 
     \b
     Example:

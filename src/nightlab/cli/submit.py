@@ -13,7 +13,12 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, str]:
         name, eq, value = item.partition("=")
         if not eq or not name.strip() or not value.strip():
             raise UsageError(f"`--set {item}` must look like NAME=VALUE, e.g. `--set MATRIX_LR=0.02`")
-        out[name.strip()] = value.strip()
+        name = name.strip()
+        if name in out:  # the last one silently winning would measure something nobody meant
+            raise UsageError(
+                f"`--set {name}` is given twice (`{out[name]}` and `{value.strip()}`); give each knob once"
+            )
+        out[name] = value.strip()
     return out
 
 

@@ -11,7 +11,12 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
     "--all", "all_", is_flag=True, help="Whether or not to wait for every queued and running experiment."
 )
 @click.option("--any", "any_", is_flag=True, help="Whether or not to return as soon as one of them ends.")
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Give up after this many seconds (exit 1; with --json the state of each is printed first).",
+)
 @json_option
 @with_lab
 def command(lab, ids, all_, any_, timeout, as_json) -> None:
@@ -21,27 +26,34 @@ def command(lab, ids, all_, any_, timeout, as_json) -> None:
     Example:
       nightlab wait --any --json | jq -r '.[].id'
     """
-    from nightlab.errors import UsageError
+    from nightlab.errors import UsageError, WaitTimeoutError
 
     if ids and all_:
         raise UsageError("give experiment ids or `--all`, not both")
     if not ids and not all_ and not any_:
         raise UsageError("say what to wait for: experiment ids, `--all` or `--any`")
-    done = lab.wait(list(ids) or None, mode="any" if any_ else "all", timeout=timeout)
     metric = lab.config.metric.name
+
+    def rows(exps) -> list[dict]:
+        return [
+            {
+                "id": e.id,
+                "status": e.status.label,
+                "outcome": e.outcome,
+                "verdict": e.verdict,
+                metric: e.metric(metric),
+            }
+            for e in exps
+        ]
+
+    try:
+        done = lab.wait(list(ids) or None, mode="any" if any_ else "all", timeout=timeout)
+    except WaitTimeoutError as e:
+        if as_json:  # a script learns what is still queued or running, then the exit code says timeout
+            emit_json(rows(e.experiments))
+        raise
     if as_json:
-        emit_json(
-            [
-                {
-                    "id": e.id,
-                    "status": e.status.label,
-                    "outcome": e.outcome,
-                    "verdict": e.verdict,
-                    metric: e.metric(metric),
-                }
-                for e in done
-            ]
-        )
+        emit_json(rows(done))
         return
     for e in done:
         value = e.metric(metric)

@@ -13,7 +13,9 @@ def _show(lab, status) -> None:
     inc = status.incumbent
     out.print(
         f"{w.id} {w.design} on {w.tier}: {w.description}\n"
-        f"{status.finished} ok, {status.crashed} failed, {status.pending} pending; incumbent "
+        f"{status.finished} ok, {status.crashed} failed, "
+        + (f"{status.cancelled} cancelled, " if status.cancelled else "")
+        + f"{status.pending} pending; incumbent "
         + ("unmeasured" if inc is None else f"{metric} {inc.mean:.6f} (n={inc.n})")
     )
     table = Table(box=None, pad_edge=False)
@@ -74,12 +76,12 @@ def command(lab, wave_id, as_json) -> None:
         return
     metric = lab.config.metric.name
     click.echo(
-        f"{'wave':<6} {'design':<17} {'tier':<6} {'ok':>4} {'fail':>4} {'pend':>4} {'best':<6} {metric:>9}  description"
+        f"{'wave':<6} {'design':<17} {'tier':<6} {'ok':>4} {'fail':>4} {'canc':>4} {'pend':>4} {'best':<6} {metric:>9}  description"
     )
     for s in statuses:
         best = s.best
         click.echo(
             f"{s.wave.id:<6} {s.wave.design:<17} {s.wave.tier or '-':<6} {s.finished:>4} {s.crashed:>4} "
-            f"{s.pending:>4} {best.id if best else '-':<6} {fmt(best.metric(metric)) if best else '-':>9}  "
+            f"{s.cancelled:>4} {s.pending:>4} {best.id if best else '-':<6} {fmt(best.metric(metric)) if best else '-':>9}  "
             f"{s.wave.description[:60]}"
         )

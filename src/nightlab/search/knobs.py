@@ -25,14 +25,13 @@ Usage:
 from __future__ import annotations
 
 import ast
-import difflib
 import operator
 import re
 from dataclasses import dataclass
 
-from nightlab.errors import UsageError
+from nightlab.errors import UsageError, closest_first, did_you_mean
 
-__all__ = ["Knob", "list_knobs", "parse_value", "set_knobs"]
+__all__ = ["Knob", "list_knobs", "mismatch", "parse_value", "set_knobs"]
 
 _NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 _NEWLINE = re.compile(rb"\r\n|\r|\n")
@@ -242,10 +241,52 @@ def list_knobs(source: str) -> list[Knob]:
 
 
 def _unknown(name: str, known: list[str]) -> UsageError:
-    close = difflib.get_close_matches(name.upper(), known, n=len(known), cutoff=0.5)
-    ordered = close + [k for k in known if k not in close]
-    listing = ", ".join(ordered) if ordered else "none (no UPPERCASE literal constants at module level)"
-    return UsageError(f"unknown knob `{name}`; known knobs: {listing}")
+    listing = ", ".join(closest_first(name, known)) or "none (no UPPERCASE literal constants at module level)"
+    return UsageError(f"unknown knob `{name}`; {did_you_mean(name, known)}known knobs: {listing}")
+
+
+def _kind(value: object) -> str:
+    return "none" if value is None else type(value).__name__
+
+
+def _fits(current: object, value: object) -> bool:
+    if value is None:
+        return True  # as in a sweep's list: None is how scripts switch a feature off
+    if isinstance(current, bool) or isinstance(value, bool):
+        return isinstance(current, bool) and isinstance(value, bool)
+    if isinstance(current, float):
+        return isinstance(value, (int, float))
+    if isinstance(current, tuple):
+        # the script unpacks a tuple (`beta1, beta2 = ADAM_BETAS`): keep its length and element kinds
+        return (
+            isinstance(value, (tuple, list))
+            and len(value) == len(current)
+            and all(_fits(c, v) for c, v in zip(current, value, strict=True))
+        )
+    if isinstance(current, list):
+        return isinstance(value, (tuple, list))
+    return isinstance(value, type(current))
+
+
+def mismatch(knob: Knob, value: object) -> str | None:
+    """Why `value` cannot replace the knob's current value, or None when it fits.
+
+    The rule (one for `submit --set`, sweeps and searches): an int knob takes ints, a float knob
+    ints or floats, a bool knob True or False, a str knob strings (quoted), a tuple knob a tuple
+    of the same length whose elements fit (the script unpacks it), a list knob any list; None
+    fits everywhere (it is how scripts switch a feature off). `expr` and `none` knobs take anything.
+    """
+    if knob.type in ("expr", "none") or _fits(knob.value, value):
+        return None
+    if knob.type == "tuple":
+        shape = ", ".join(_kind(v) for v in knob.value)  # type: ignore[attr-defined]
+        want = f"a tuple of {len(knob.value)} ({shape})"  # type: ignore[arg-type]
+    else:
+        want = {"int": "an int", "float": "a number", "bool": "True or False", "str": "a quoted string"}.get(
+            knob.type, f"a {knob.type}"
+        )
+    given = f"a {_kind(value)} of {len(value)}" if isinstance(value, (tuple, list)) else _kind(value)
+    return f"is {knob.type} `{knob.source}`, not {given}; give {want}"
 
 
 def set_knobs(source: str, values: dict[str, str]) -> str:
@@ -259,14 +300,16 @@ def set_knobs(source: str, values: dict[str, str]) -> str:
         The new text.
 
     Raises:
-        UsageError: a name is not a knob of the script, or a value is not a literal or
-            constant expression.
+        UsageError: a name is not a knob of the script, a value is not a literal or
+            constant expression, or it does not fit the knob's type (`mismatch`).
     """
     sites = _sites(source)
     for name, text in values.items():
         if name not in sites:
             raise _unknown(name, list(sites))
-        parse_value(text)
+        why = mismatch(sites[name].knob, parse_value(text))
+        if why is not None:
+            raise UsageError(f"`{name}={text}`: knob `{name}` {why}")
     data = source.encode("utf-8")
     # Splice from the end so earlier offsets stay valid.
     for site in sorted((sites[n] for n in values), key=lambda s: s.start, reverse=True):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from nightlab.errors import UsageError
-from nightlab.search.knobs import Knob, _unknown, parse_value
+from nightlab.search.knobs import Knob, _unknown, mismatch, parse_value
 
 __all__ = [
     "SPACE_FORMS",
@@ -290,7 +290,10 @@ def parse_space(spec: str) -> Dimension:
     ranged = _RANGE.match(body)
     if ranged is None:
         if re.match(r"\s*[A-Za-z_]\w*\s*\(", body):
-            raise _malformed(spec, f"unknown range `{body.split('(')[0].strip()}`")
+            word = body.split("(")[0].strip()
+            if word in _RANGES:  # `log(0.01,0.08` is a known range with its bracket missing
+                raise _malformed(spec, f"`{word}(` has no closing `)`, e.g. `{word}(lo,hi)`")
+            raise _malformed(spec, f"unknown range `{word}`")
         sources = _list_sources(spec, body)
         if len(sources) < 2:
             raise _malformed(spec, "a list needs at least 2 values (a single value is --set NAME=VALUE)")
@@ -334,11 +337,9 @@ def _compatible(knob: Knob, dim: Dimension) -> str | None:
     if isinstance(dim, (IntRange, Pow2)) and knob.type not in ("int", "float"):
         return f"is {knob.type} `{knob.source}`; use a list of values"
     if isinstance(dim, Choice):
-        numeric = {"int", "float"} if knob.type == "float" else {knob.type}
-        kinds = {"tuple", "list"} if knob.type in ("tuple", "list") else numeric
         for source, value in zip(dim.sources, dim.values, strict=True):
-            kind = "none" if value is None else type(value).__name__
-            if kind not in kinds | {"none"}:
+            if mismatch(knob, value) is not None:  # the rule `submit --set` follows too
+                kind = "none" if value is None else type(value).__name__
                 return f"is {knob.type} `{knob.source}` but the list has {kind} `{source}`"
     return None
 

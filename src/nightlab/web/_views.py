@@ -350,6 +350,7 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
         "promotions": [brief(x) for x in same if x.tier != e.tier],
         "children": [brief(x) for x in children],
     }
+    data["metric"] = lab.config.metric.name
     data["live"] = None
     if e.status == ExperimentStatus.RUNNING and data["log_path"]:
         live = log_progress(data["log_path"])

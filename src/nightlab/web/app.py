@@ -75,10 +75,12 @@ def _signed(value: Any, digits: int = 6) -> str:
     return "-" if value is None else f"{value:+.{digits}f}"
 
 
-def _clock(ts: float | None) -> str:
-    import time
+def _summary_value(value: Any, key: str, metric: str, metrics: dict[str, Any]) -> str:
+    """A summary value in the metrics table (`display.number`, with `display.metric_note`)."""
+    from nightlab.display import metric_note, number
 
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    note = metric_note(key, metrics)
+    return number(value, metric=key == metric) + (f" ({note})" if note else "")
 
 
 def _templates() -> Environment:
@@ -88,7 +90,16 @@ def _templates() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(duration=_duration, number=_number, signed=_signed, clock=_clock)
+    from nightlab.display import clock, fact
+
+    env.filters.update(
+        duration=_duration,
+        number=_number,
+        signed=_signed,
+        clock=clock,
+        fact=lambda value, key="": fact(key, value),  # `{{ v | fact(k) }}`
+        summary=_summary_value,
+    )
     env.filters["highlight_diff"] = highlight_diff
     return env
 
