@@ -423,7 +423,7 @@ class _LabLoop:
         if needed is None:
             self.note(
                 f"{wave_id}: best {rep} is within the noise and not settled: no affordable number of "
-                "repeats would make its gain significant (or the tier has no noise floor)"
+                "repeats would make its gain significant (or the noise of the tier is unmeasured)"
             )
             return False
         if needed.candidate + needed.incumbent > cap:

@@ -63,7 +63,7 @@ def test_fractional_random_and_optuna_designs(quick_lab):
 def test_bad_input_is_a_usage_error(quick_lab):
     lab = quick_lab()
     cases = {
-        ("sweep", "LX=0.1,0.2"): "unknown knob `LX`; known knobs: LR",
+        ("sweep", "LX=0.1,0.2"): "unknown knob `LX`; did you mean `LR`? known knobs: LR",
         ("sweep", "LR=uniform(0.01)"): "NAME=int(lo,hi)",
         ("sweep",): "empty design",
         ("sweep", "LR=0.02"): "LR",
