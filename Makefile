@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean
+.PHONY: demo test lint format install clean gpu-rehearse
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,4 +30,9 @@ test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) nightlab-demo
+	rm -rf $(VENV) nightlab-demo .gpu-rehearse
+
+# Dress rehearsal of bench/gpu_check.sh on CPU: venvs holding only the GPU image's packages (see
+# bench/gpu_rehearse.sh), so an import or version problem shows up here, not on a lent GPU.
+gpu-rehearse: $(STAMP)
+	bash bench/gpu_rehearse.sh
