@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -326,19 +327,26 @@ class Check:
             start_new_session=True,  # so a time-out ends the step's children too (compile workers)
         )
         lines: list[str] = []
-        timer = _Killer(proc, box)
-        try:
+
+        def read() -> None:
             for line in proc.stdout:
                 lines.append(line)
                 if not line.startswith("@@ "):
                     self.say("   " + line.rstrip("\n"))
-            proc.wait()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            rc: int | None = proc.wait(timeout=box)
+        except subprocess.TimeoutExpired:
+            rc = None
         finally:
-            timer.cancel()
-            if proc.poll() is None:
-                _kill_group(proc)
+            # At the time box this ends the whole step; after a normal exit it ends what the step
+            # left behind (compile workers), which would otherwise hold the pipe open.
+            _kill_group(proc)
+            proc.wait()
+        reader.join(timeout=10)
         seconds = round(time.monotonic() - start, 1)
-        rc = None if timer.fired else proc.returncode
         self.steps[name] = {"status": f"timeout after {box:.0f}s" if rc is None else "ok", "seconds": seconds}
         return rc, "".join(lines)
 
@@ -377,26 +385,6 @@ class Check:
     def skip(self, name: str, why: str) -> None:
         self.steps[name] = {"status": f"skipped: {why}", "seconds": 0.0}
         self.say(f"== {name}: skipped: {why}")
-
-
-class _Killer:
-    """Ends a step's whole process group when its time box runs out."""
-
-    def __init__(self, proc: subprocess.Popen, seconds: float):
-        import threading
-
-        self.fired = False
-        self._proc = proc
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _fire(self) -> None:
-        self.fired = True
-        _kill_group(self._proc)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -14,7 +14,7 @@
 #      GPU_TESTS (default tests/harness), OUT (where the summary goes; default ./gpu_check-<time>/),
 #      CUDA_VISIBLE_DEVICES (which GPU).
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,16p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,15p' "$0"; exit 0 ;; esac
 
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"

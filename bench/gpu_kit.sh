@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --python-version) PYVER="${2:?--python-version needs a value, e.g. 3.12}"; shift 2 ;;
     --dest) DEST="${2:?--dest needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu_kit: unknown option \`$1\`; see --help" >&2; exit 2 ;;
   esac
 done
