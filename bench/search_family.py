@@ -1,0 +1,718 @@
+"""A family of synthetic search problems with known noise-free values, and strategies judged on them.
+
+Each member is a seeded configuration (`make_member(seed)`), so anyone can rebuild it: 2 to 12
+knobs drawn from the roles a real `train.py` has (LR, BATCH, WIDTH, DEPTH, WD, ACT, ...), of the
+kinds `nightlab search` accepts (log, pow2, int, uniform, a list of values); for each knob an
+optimum in the middle of its range or at an edge, and a valley shape (quadratic, narrow: a deep
+thin well in a flat plain, or broad: flat-bottomed, quartic); interactions from none to strong (the
+LR optimum moves with BATCH, WIDTH and DEPTH, a rotated valley between two other knobs, an ACT
+level whose merit depends on another knob); crash regions (out of memory when the size knobs add
+up, divergence above an LR margin that moves with the LR optimum); run time that grows with the
+size knobs (a crash ends early); noise sd from 0.1 % to 2 % of the metric's range (median of
+random points minus the best value), homoscedastic, larger far from the optimum, or larger at
+high LR. Member `sim` is bench/search_sim.py's objective, unchanged.
+
+Judged on truth: per (member, seed) greedy x1 (1 worker, `--budget` runs) runs first; its final
+adopted incumbent's noise-free value plus `--tolerance` noise sd (at that point) is the target.
+Each strategy (16 workers) then runs until its incumbent's noise-free value reaches the target or
+`--max-waves` pass. Speed-up = greedy's time to the target / the strategy's. A wrong keep is an
+adoption whose noise-free value is worse than the incumbent it replaced.
+
+Sets (so no tuning reads the held-out one): `dev` = members d0-d11 and sim, seeds 0-19;
+`heldout` = members h0-h7 (member seeds 1000-1007), seeds 100-119. Tune on dev only.
+
+The loop is the real `search.strategies.run_loop` with the real strategies and the real verdict
+rule (`decide.best_of_wave`, the noise floor pooled over repeated configurations, the settle
+repeats once per wave, duplicate proposals reusing the earlier run as `waves.submit_wave` does),
+driven by an in-memory lab instead of the ledger, git and processes: a wave costs milliseconds,
+so the whole family runs on a 2-core box. Time is simulated: a run's time comes from the member,
+a round of runs is scheduled on the workers (a run starts on the first free worker, in order), and
+waves are synchronous (the next wave starts when the last run of this one, and its settle round,
+ended) unless `--rolling` (below). What the lab adds between waves (analysis, snapshots,
+dispatch) is measured separately by bench/search_overhead.py.
+
+`--rolling`: the next wave does not wait for a wave's slow runs. Once `--rolling` of a wave's runs
+have ended (the fastest first), the wave is judged on them; the runs still going continue on
+their workers and are judged, with the next wave, when they end (their configurations are
+candidates of the wave in which they end, judged against the incumbent of that moment with the
+z of that wave's size). Only whole configurations are judged, each against the incumbent it would
+replace, so the verdict rule is the synchronous one.
+
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout] [--members d0,d3,sim] [--seeds 0-19]
+           [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
+           [--tolerance 0.5] [--rolling 0.75] [--option NAME=VALUE ...] [--json out.json] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import heapq
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from nightlab.search.decide import best_of_wave, pooled_sd
+from nightlab.search.knobs import parse_value
+from nightlab.search.spaces import Choice, Dimension, parse_space
+from nightlab.search.strategies import Observation, make_strategy, run_loop
+
+# --- the family --------------------------------------------------------------------------------
+
+# (name, kind, space arguments): the knobs a train.py has. Sizes are the knobs that cost memory
+# and run time; LR's optimum moves with them.
+ROLES = [
+    ("LR", "log", (1e-4, 1e-1)),
+    ("BATCH", "pow2", (2**14, 2**19)),
+    ("WIDTH", "pow2", (64, 1024)),
+    ("DEPTH", "int", (2, 16)),
+    ("WD", "uniform", (0.0, 0.4)),
+    ("ACT", "list", ("relu", "gelu", "relu2", "swiglu")),
+    ("WARMUP", "uniform", (0.0, 0.4)),
+    ("MLP_RATIO", "int", (1, 8)),
+    ("BETA2", "uniform", (0.8, 0.999)),
+    ("EMBED_LR", "log", (0.01, 1.0)),
+    ("WINDOW", "list", ("L", "SL", "SSL", "SSSL")),
+    ("CLIP", "uniform", (0.0, 2.0)),
+]
+SIZES = {
+    "BATCH": 0.8,
+    "WIDTH": 1.0,
+    "DEPTH": 0.7,
+    "MLP_RATIO": 0.4,
+}  # run-time exponents (log2 per coded unit)
+INTERACTION_LEVELS = {"none": 0.0, "weak": 0.15, "medium": 0.3, "strong": 0.5}
+
+
+def _space(name: str, kind: str, args: tuple) -> str:
+    if kind == "list":
+        return f"{name}={','.join(args)}"
+    return f"{name}={kind}({args[0]!r},{args[1]!r})"
+
+
+@dataclass
+class Member:
+    """One problem of the family: its spaces, start and the functions a run draws on."""
+
+    name: str
+    dims: list[Dimension]
+    start: dict[str, str]
+    truth: Callable[[Mapping[str, object]], float]  # noise-free metric (lower is better)
+    crash: Callable[[Mapping[str, object]], str | None]  # None, "oom" or "diverged"
+    seconds: Callable[[Mapping[str, object]], float]  # run time of an ok run
+    sd: Callable[[Mapping[str, object]], float]  # noise sd at a point
+    describe: str = ""
+    info: dict = field(default_factory=dict)
+
+    def values(self, knobs: Mapping[str, str]) -> dict[str, object]:
+        """The knobs' values (source text -> Python values)."""
+        return {d.name: parse_value(knobs[d.name]) for d in self.dims}
+
+
+def _valley(shape: str, z: float) -> float:
+    """The loss of one knob at scaled distance z from its optimum (0 at z = 0, about z^2 near it)."""
+    if shape == "narrow":  # a thin well in a plain: steep inside, nearly flat far away
+        return math.log1p(z * z)
+    if shape == "broad":  # flat bottom, steep walls
+        return z**4 + 0.1 * z * z
+    return z * z
+
+
+def make_member(seed: int, name: str | None = None) -> Member:
+    """The family member with this seed (the same seed always gives the same problem)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 13))
+    others = [r for r in ROLES[1:]]
+    picked = [ROLES[0]] + [others[i] for i in sorted(rng.choice(len(others), n - 1, replace=False))]
+    dims = [parse_space(_space(*r)) for r in picked]
+    names = [d.name for d in dims]
+    kinds = {r[0]: r[1] for r in picked}
+
+    level = list(INTERACTION_LEVELS)[int(rng.integers(0, 4))]
+    strength = INTERACTION_LEVELS[level]
+    weights, optima, shapes, widths = {}, {}, {}, {}
+    offsets: dict[str, list[float]] = {}
+    for d in dims:
+        if d.name == "LR":
+            weights[d.name] = 1.0
+        else:
+            weights[d.name] = float(np.exp(rng.uniform(np.log(0.02), np.log(0.6))))
+        if isinstance(d, Choice):
+            k = len(d.sources)
+            off = rng.uniform(0.15, 1.0, k)
+            off[int(rng.integers(0, k))] = 0.0
+            offsets[d.name] = [float(x) for x in off]
+            continue
+        edge = rng.random() < 0.3
+        optima[d.name] = (
+            float(rng.choice([-1.0, 1.0]) * rng.uniform(1.0, 1.3)) if edge else float(rng.uniform(-0.7, 0.7))
+        )
+        shapes[d.name] = str(rng.choice(["quadratic", "narrow", "broad"], p=[0.5, 0.25, 0.25]))
+        widths[d.name] = {"quadratic": 1.0, "narrow": 0.25, "broad": 0.8}[shapes[d.name]]
+    shapes["LR"], widths["LR"] = "quadratic", float(rng.uniform(0.35, 0.6))  # a narrow-ish LR optimum
+    optima["LR"] = float(rng.uniform(-0.3, 0.5))
+    # LR's optimum moves with the sizes: up with BATCH, down with WIDTH and DEPTH.
+    lr_moves = {
+        s: sign * strength * float(rng.uniform(0.6, 1.2))
+        for s, sign in (("BATCH", 1), ("WIDTH", -1), ("DEPTH", -1))
+        if s in names
+    }
+    # A rotated valley between two other range knobs.
+    ranged = [d.name for d in dims if not isinstance(d, Choice) and d.name != "LR"]
+    pair = None
+    if strength > 0 and len(ranged) >= 2:
+        i, j = rng.choice(len(ranged), 2, replace=False)
+        pair = (ranged[int(i)], ranged[int(j)], float(rng.choice([-1, 1]) * strength * 1.6))
+    # An ACT level whose merit moves with another knob.
+    cat_link = None
+    lists = [d.name for d in dims if isinstance(d, Choice)]
+    if strength > 0 and lists and ranged:
+        cat_link = (lists[0], ranged[int(rng.integers(0, len(ranged)))], int(rng.integers(0, 4)), strength)
+
+    crash_kind = str(rng.choice(["none", "diverge", "oom", "both"], p=[0.2, 0.3, 0.2, 0.3]))
+    div_margin = float(rng.uniform(0.25, 0.6))
+    sizes_here = [s for s in SIZES if s in names]
+    if not sizes_here and crash_kind in ("oom", "both"):
+        crash_kind = "diverge" if crash_kind == "both" else "none"
+    noise_frac = float(np.exp(rng.uniform(np.log(0.001), np.log(0.02))))
+    hetero = str(rng.choice(["none", "distance", "lr"], p=[0.4, 0.3, 0.3]))
+    base = float(rng.uniform(0.8, 1.2))
+    dim_of = {d.name: d for d in dims}
+
+    def coded(v: Mapping[str, object]) -> dict[str, float]:
+        return {name: dim_of[name].coded(v[name]) for name in names if not isinstance(dim_of[name], Choice)}
+
+    def lr_opt(u: Mapping[str, float]) -> float:
+        return optima["LR"] + sum(a * u[s] for s, a in lr_moves.items())
+
+    def truth(v: Mapping[str, object]) -> float:
+        u = coded(v)
+        f = base
+        for name in u:
+            centre = lr_opt(u) if name == "LR" else optima[name]
+            f += weights[name] * _valley(shapes[name], (u[name] - centre) / widths[name])
+        if pair is not None:
+            a, b, c = pair
+            f += c * math.sqrt(weights[a] * weights[b]) * (u[a] - optima[a]) * (u[b] - optima[b])
+        for name, off in offsets.items():
+            i = dim_of[name].index(v[name])
+            extra = off[i]
+            if cat_link is not None and cat_link[0] == name and i == cat_link[2]:
+                extra -= cat_link[3] * 1.5 * u[cat_link[1]]  # this level gets better as the other knob grows
+            f += weights[name] * max(extra, -0.3)
+        return f
+
+    # OOM threshold: the start and the knobs' own optima stay clear of it.
+    oom_at = float(rng.uniform(0.4, 1.2)) * max(1, len(sizes_here)) ** 0.5
+
+    def crash(v: Mapping[str, object]) -> str | None:
+        u = coded(v)
+        if crash_kind in ("oom", "both") and sum(SIZES[s] * u[s] for s in sizes_here) > oom_at:
+            return "oom"
+        if crash_kind in ("diverge", "both") and u["LR"] > lr_opt(u) + div_margin:
+            return "diverged"
+        return None
+
+    def seconds(v: Mapping[str, object]) -> float:
+        u = coded(v)
+        return 2.0 ** sum(SIZES[s] * u[s] for s in sizes_here)
+
+    # The start: a plausible default away from the optimum, not crashing.
+    for _ in range(1000):
+        start_v: dict[str, object] = {}
+        for d in dims:
+            if isinstance(d, Choice):
+                start_v[d.name] = d.values[int(rng.integers(0, len(d.values)))]
+            else:
+                start_v[d.name] = d.from_coded(float(rng.uniform(-0.85, 0.85)))
+        if crash(start_v) is None:
+            break
+    start = {d.name: d.to_source(start_v[d.name]) for d in dims}
+
+    # The metric's range: the median of random points above the best value found.
+    best = _minimum(dims, truth, crash, rng)
+    samples = []
+    while len(samples) < 256:
+        v = {d.name: d.sample(_Py(rng)) for d in dims}
+        if crash(v) is None:
+            samples.append(truth(v))
+    spread = float(np.median(samples)) - best
+    sd0 = noise_frac * spread
+
+    def sd(v: Mapping[str, object]) -> float:
+        if hetero == "distance":  # bad configurations are noisier
+            return sd0 * (0.6 + 0.8 * min(2.0, (truth(v) - best) / spread))
+        if hetero == "lr":  # high learning rates are noisier
+            return sd0 * 2.0 ** (1.5 * dim_of["LR"].coded(v["LR"]))
+        return sd0
+
+    kinds_text = ",".join(f"{nm}:{kinds[nm]}" for nm in names)
+    describe = (
+        f"{n} knobs ({kinds_text}); interactions {level}; crash {crash_kind}; "
+        f"noise {100 * noise_frac:.2f}% ({hetero})"
+    )
+    info = {
+        "knobs": n,
+        "interactions": level,
+        "crash": crash_kind,
+        "noise_percent": round(100 * noise_frac, 3),
+        "heteroscedastic": hetero,
+        "shapes": {k: shapes[k] for k in optima},
+        "edge_optima": [k for k, o in optima.items() if abs(o) >= 1.0],
+        "best": best,
+        "spread": spread,
+    }
+    return Member(name or f"m{seed}", dims, start, truth, crash, seconds, sd, describe, info)
+
+
+class _Py:
+    """`random.Random`'s `uniform`, `randint` and `choice` on a numpy generator (for `Dimension.sample`)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def uniform(self, a: float, b: float) -> float:
+        return float(self.rng.uniform(a, b))
+
+    def randint(self, a: int, b: int) -> int:
+        return int(self.rng.integers(a, b + 1))
+
+    def choice(self, seq: Sequence) -> object:
+        return seq[int(self.rng.integers(0, len(seq)))]
+
+
+def _minimum(dims, truth, crash, rng) -> float:
+    """The best noise-free value found by random starts and coordinate sweeps (for the metric's range)."""
+    best = math.inf
+    grids = {d.name: (d.levels(None) if isinstance(d, Choice) else d.levels(41)) for d in dims}
+    for _ in range(6):
+        v = {d.name: d.sample(_Py(rng)) for d in dims}
+        for _ in range(6):
+            for d in dims:
+                options = [
+                    (truth({**v, d.name: x}), x) for x in grids[d.name] if crash({**v, d.name: x}) is None
+                ]
+                if options:
+                    v[d.name] = min(options, key=lambda p: p[0])[1]
+        if crash(v) is None:
+            best = min(best, truth(v))
+    return best
+
+
+def sim_member() -> Member:
+    """bench/search_sim.py's objective as a member: 8 knobs, noise sd 0.003, crash LR x DEPTH > 0.8."""
+    from search_sim import SPACES, START, true_metric  # bench/ is on sys.path when run as a script
+
+    dims = [parse_space(s) for s in SPACES]
+    start = {d.name: d.to_source(START[d.name]) for d in dims}
+    return Member(
+        "sim",
+        dims,
+        start,
+        truth=lambda v: true_metric(**v),
+        crash=lambda v: "diverged" if v["LR"] * v["DEPTH"] > 0.8 else None,
+        seconds=lambda v: (0.5 + 0.05 * v["DEPTH"]) / 1.0,
+        sd=lambda v: 0.003,
+        describe="bench/search_sim.py: 8 knobs (log, uniform, int), LR x WD and LR x DEPTH, crash LR x DEPTH > 0.8, noise 0.003",
+        info={
+            "knobs": 8,
+            "interactions": "strong",
+            "crash": "diverge",
+            "noise_percent": 0.13,
+            "heteroscedastic": "none",
+        },
+    )
+
+
+DEV_MEMBERS = [f"d{i}" for i in range(12)] + ["sim"]
+HELDOUT_MEMBERS = [f"h{i}" for i in range(8)]
+SETS = {"dev": (DEV_MEMBERS, range(0, 20)), "heldout": (HELDOUT_MEMBERS, range(100, 120))}
+
+
+def member(name: str) -> Member:
+    """A member by name: `sim`, `dN` (member seed N) or `hN` (member seed 1000 + N)."""
+    if name == "sim":
+        return sim_member()
+    if name[:1] == "d" and name[1:].isdigit():
+        return make_member(int(name[1:]), name)
+    if name[:1] == "h" and name[1:].isdigit():
+        return make_member(1000 + int(name[1:]), name)
+    sys.exit(f"unknown member `{name}`; use sim, d0..d11 or h0..h7")
+
+
+# --- the in-memory lab --------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    id: str
+    key: tuple
+    knobs: dict[str, str]
+    value: float | None
+    start: float
+    end: float
+    params: dict[str, str]  # what the strategy proposed (greedy: one knob), as the lab's runs carry it
+
+
+class Sim:
+    """The part of the lab `run_search` uses, in memory: runs, a clock, the verdict and settle rules.
+
+    Workers are a heap of free times; a run starts at max(its submit time, the first free worker).
+    """
+
+    def __init__(self, m: Member, *, workers: int, seed: int, settle: bool = True, z: float = 2.0) -> None:
+        self.m, self.workers, self.settle_on, self.z = m, workers, settle, z
+        self.rng = np.random.default_rng(seed * 7919 + 17)
+        self.free = [0.0] * workers
+        self.now = 0.0  # the loop's clock: when the last judged wave's results were in
+        self.runs: list[Run] = []
+        self.by_key: dict[tuple, list[Run]] = {}
+        self.waves: dict[str, list[Run]] = {}
+        self.settled: set[str] = set()
+        self.head = dict(m.start)
+        self.adoptions: list[tuple[float, dict[str, str]]] = [(0.0, dict(m.start))]
+        self.floor: list[Run] = []
+        self.judged: dict[str, list[Run]] = {}  # wave id -> the runs it is judged on
+
+    def key(self, knobs: Mapping[str, str]) -> tuple:
+        return tuple(repr(parse_value(knobs[d.name])) for d in self.m.dims)
+
+    def _run(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
+        knobs = {d.name: knobs[d.name] for d in self.m.dims}
+        v = self.m.values(knobs)
+        t = heapq.heappop(self.free)
+        start = max(t, at)
+        crashed = self.m.crash(v)
+        if crashed is None:
+            value = self.m.truth(v) + self.m.sd(v) * float(self.rng.standard_normal())
+            took = self.m.seconds(v)
+        else:
+            value = None
+            took = self.m.seconds(v) * (0.05 if crashed == "oom" else 0.3)
+        run = Run(
+            f"e{len(self.runs):05d}",
+            self.key(knobs),
+            knobs,
+            value,
+            start,
+            start + took,
+            dict(params or knobs),
+        )
+        heapq.heappush(self.free, run.end)
+        self.runs.append(run)
+        self.by_key.setdefault(run.key, []).append(run)
+        return run
+
+    def values(self, key: tuple) -> list[float]:
+        """The metric values of a configuration's runs that have ended by now."""
+        return [r.value for r in self.by_key.get(key, []) if r.value is not None and r.end <= self.now]
+
+    def sigma(self) -> float | None:
+        """The noise floor: the pooled sd of the repeated configurations' ended runs."""
+        return pooled_sd([self.values(k) for k in self.by_key])[0]
+
+    # --- the callables of run_loop
+
+    def start_floor(self, n: int = 3) -> None:
+        self.floor = [self._run(self.head, self.now) for _ in range(n)]
+
+    def submit(self, proposals: list[dict[str, str]], index: int) -> str:
+        wave_id = f"w{index:03d}"
+        counts: dict[tuple, int] = {}
+        first: dict[tuple, dict[str, str]] = {}
+        for p in proposals:
+            k = self.key({**self.head, **p})
+            counts[k] = counts.get(k, 0) + 1
+            first.setdefault(k, p)
+        members: list[Run] = []
+        for k, p in first.items():
+            n = counts[k]
+            if n == 1 and self.by_key.get(k):
+                # seed 0 was measured: the wave reuses that run, with this wave's planned knobs
+                members.append(replace(self.by_key[k][0], params=dict(p)))
+                continue
+            members += [self._run({**self.head, **p}, self.now, params=p) for _ in range(n)]
+        self.waves[wave_id] = members
+        return wave_id
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        members = self.waves[wave_id]
+        self.now = max([self.now] + [r.end for r in members + self.floor])
+        self.floor = []
+        self.judged[wave_id] = members
+        return [Observation(r.id, dict(r.params), r.value) for r in members]
+
+    def _judge(self, wave_id: str):
+        head = self.key(self.head)
+        cands: dict[str, list[float]] = {}  # the wave's first run of each configuration stands for it
+        seen: set[tuple] = set()
+        for r in self.judged[wave_id]:
+            if r.key != head and r.key not in seen:
+                seen.add(r.key)
+                cands[r.id] = self.values(r.key)
+        incumbent = self.values(head)
+        if not incumbent:
+            return None
+        picked = best_of_wave(cands, incumbent, noise_sigma=self.sigma(), z=self.z)
+        return picked
+
+    def decide(self, wave_id: str, observations: list[Observation]):
+        picked = self._judge(wave_id)
+        if (
+            picked is not None
+            and picked[1].verdict == "within-noise"
+            and self.settle_on
+            and wave_id not in self.settled
+        ):
+            needed = picked[1].repeats_to_settle
+            if needed is not None and needed.candidate + needed.incumbent <= max(self.workers, 4):
+                self.settled.add(wave_id)
+                rep = next(r for r in self.runs if r.id == picked[0])
+                extra = [self._run(rep.knobs, self.now) for _ in range(needed.candidate)]
+                extra += [self._run(self.head, self.now) for _ in range(needed.incumbent)]
+                self.now = max([self.now] + [r.end for r in extra])
+                picked = self._judge(wave_id)
+        if picked is None or picked[1].verdict != "keep":
+            return None, None if picked is None else picked[1].verdict
+        winner = next(o for o in observations if o.id == picked[0])
+        return winner, "keep"
+
+    def adopt(self, o: Observation) -> None:
+        self.head = {**self.head, **o.knobs}
+        self.adoptions.append((self.now, dict(self.head)))
+
+    def incumbent_values(self) -> list[float]:
+        return self.values(self.key(self.head))
+
+
+class RollingSim(Sim):
+    """Waves that do not wait for their slowest runs: a wave is judged once a fraction of its runs
+    ended; the rest are judged with the wave in which they end (see the module docstring)."""
+
+    def __init__(self, m: Member, *, fraction: float, **kw) -> None:
+        super().__init__(m, **kw)
+        self.fraction = fraction
+        self.late: list[Run] = []  # runs of earlier waves still going when their wave was judged
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        members = self.waves[wave_id]
+        fresh = [r for r in members if r.end > self.now]  # not a reused measurement
+        ends = sorted(r.end for r in fresh)
+        cut = ends[max(0, math.ceil(self.fraction * len(ends)) - 1)] if ends else self.now
+        cut = max([cut] + [r.end for r in self.floor])  # the noise floor is needed to judge anything
+        self.floor = []
+        self.now = max(self.now, cut)
+        pending = self.late + fresh
+        done = list({r.id: r for r in members + pending if r.end <= self.now}.values())
+        self.late = list({r.id: r for r in pending if r.end > self.now}.values())
+        self.judged[wave_id] = done
+        return [Observation(r.id, dict(r.params), r.value) for r in done]
+
+
+# --- one search ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One search's incumbents over time: (simulated time of adoption, noise-free value)."""
+
+    times: list[float]
+    truths: list[float]
+    wrong: int
+    runs: int
+    cpu: float  # seconds of strategy + loop compute (this machine)
+    waves: int
+    final_sd: float  # the noise sd at the final incumbent
+
+    def time_to(self, target: float) -> float | None:
+        for t, v in zip(self.times, self.truths, strict=True):
+            if v <= target + 1e-12:
+                return t
+        return None
+
+
+def search(
+    m: Member,
+    strategy: str,
+    *,
+    workers: int,
+    seed: int,
+    waves: int,
+    stop_at: float | None = None,
+    rolling: float | None = None,
+    options: Mapping[str, object] | None = None,
+) -> Trace:
+    """Run one search of `strategy` on member `m` through `run_loop`; its path of true values."""
+    sim = (
+        RollingSim(m, fraction=rolling, workers=workers, seed=seed)
+        if rolling
+        else Sim(m, workers=workers, seed=seed)
+    )
+    strat = make_strategy(strategy, m.dims, seed=seed, **dict(options or {}))
+    truth0 = m.truth(m.values(m.start))
+    state = {"truth": truth0, "wrong": 0}
+    times, truths = [0.0], [truth0]
+
+    class Reached(Exception):
+        pass
+
+    def on_wave(summary) -> None:
+        if summary.adopted is not None:
+            new = m.truth(m.values(sim.head))
+            state["wrong"] += new > state["truth"] + 1e-12
+            state["truth"] = new
+            times.append(sim.now)
+            truths.append(new)
+            if stop_at is not None and new <= stop_at + 1e-12:
+                raise Reached
+
+    sim.start_floor()
+    size = workers if strategy != "greedy" else 1
+    started = time.process_time()
+    done = 0
+    try:
+        result = run_loop(
+            strat,
+            incumbent=dict(m.start),
+            wave_size=size,
+            first_wave_size=max(1, size - 3),
+            submit_wave=sim.submit,
+            wait_wave=sim.wait,
+            decide=sim.decide,
+            adopt=sim.adopt,
+            waves=waves,
+            on_wave=on_wave,
+            incumbent_values=sim.incumbent_values,
+        )
+        done = len(result.waves)
+    except Reached:
+        done = len(sim.waves)
+    cpu = time.process_time() - started
+    return Trace(times, truths, state["wrong"], len(sim.runs), cpu, done, m.sd(m.values(sim.head)))
+
+
+# --- the bench ----------------------------------------------------------------------------------
+
+
+def _seeds(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    return list(range(int(first), int(last or first) + 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=list(SETS), default="dev")
+    parser.add_argument("--members", default=None, help="comma-separated members (default: the set's)")
+    parser.add_argument("--seeds", default=None, help="FIRST-LAST (default: the set's)")
+    parser.add_argument("--strategies", default="surface,pattern,factorial,optuna")
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=60, help="runs of greedy x1")
+    parser.add_argument("--max-waves", type=int, default=12)
+    parser.add_argument(
+        "--tolerance", type=float, default=0.5, help="noise sd allowed above greedy's final value"
+    )
+    parser.add_argument(
+        "--rolling", type=float, default=None, help="judge a wave once this fraction of it ended"
+    )
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="NAME=VALUE", help="a strategy option"
+    )
+    parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
+    parser.add_argument("--describe", action="store_true", help="print the members and exit")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    names, seed_range = SETS[args.set]
+    names = args.members.split(",") if args.members else names
+    seeds = _seeds(args.seeds) if args.seeds else list(seed_range)
+    strategies = [s for s in args.strategies.split(",") if s]
+    options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
+    members = [member(n) for n in names]
+    if args.describe:
+        for m in members:
+            print(f"{m.name:>4}: {m.describe}")
+        return
+
+    records = []
+    table: dict[str, dict[str, list[float]]] = {s: {} for s in strategies}
+    wrong = {s: 0 for s in ["greedy", *strategies]}
+    for m in members:
+        for seed in seeds:
+            g = search(m, "greedy", workers=1, seed=seed, waves=args.budget)
+            wrong["greedy"] += g.wrong
+            target = g.truths[-1] + args.tolerance * g.final_sd
+            g_time = g.time_to(target)
+            for s in strategies:
+                p = search(
+                    m,
+                    s,
+                    workers=args.workers,
+                    seed=seed,
+                    waves=args.max_waves,
+                    stop_at=target,
+                    rolling=args.rolling,
+                    options=options if s == strategies[0] else None,
+                )
+                wrong[s] += p.wrong
+                t = p.time_to(target)
+                speedup = 0.0 if t is None or g_time is None else g_time / max(t, 1e-9)
+                if t == 0.0:
+                    speedup = math.inf
+                table[s].setdefault(m.name, []).append(speedup)
+                records.append(
+                    {
+                        "member": m.name,
+                        "seed": seed,
+                        "strategy": s,
+                        "speedup": speedup,
+                        "time": t,
+                        "greedy_time": g_time,
+                        "target": target,
+                        "best": min(p.truths),
+                        "wrong": p.wrong,
+                        "runs": p.runs,
+                        "waves": p.waves,
+                        "cpu": p.cpu,
+                    }
+                )
+                if args.verbose:
+                    print(
+                        f"{m.name} seed {seed}: {s} {speedup:5.1f}x (t {t}, greedy {g_time:.1f}), "
+                        f"best {min(p.truths):.4f} vs target {target:.4f}, wrong {p.wrong}, cpu {p.cpu:.2f}s",
+                        flush=True,
+                    )
+        line = f"{m.name:>4} ({m.describe})"
+        for s in strategies:
+            v = table[s][m.name]
+            line += f" | {s} {statistics.median(v):.1f}x {sum(x > 0 for x in v)}/{len(v)}"
+        print(line, flush=True)
+
+    print()
+    print(
+        f"set {args.set}: members {','.join(names)}; seeds {seeds[0]}-{seeds[-1]}; {args.workers} workers vs greedy x1 "
+        f"({args.budget} runs); target = greedy's final true value + {args.tolerance:g} noise sd"
+        + (f"; rolling waves at {args.rolling:g}" if args.rolling else "; synchronous waves")
+    )
+    print(f"{'strategy':<12}{'median of members':>18}{'worst member':>22}{'reached':>10}{'wrong keeps':>13}")
+    print(f"{'greedy x1':<12}{'1.0x':>18}{'':>22}{'':>10}{wrong['greedy']:>13}")
+    for s in strategies:
+        per = {n: statistics.median(v) for n, v in table[s].items()}
+        worst = min(per, key=per.get)
+        reached = sum(x > 0 for v in table[s].values() for x in v)
+        total = sum(len(v) for v in table[s].values())
+        print(
+            f"{s:<12}{statistics.median(per.values()):>17.1f}x{f'{per[worst]:.1f}x ({worst})':>22}"
+            f"{f'{reached}/{total}':>10}{wrong[s]:>13}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

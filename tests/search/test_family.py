@@ -1,0 +1,94 @@
+"""bench/search_family.py: the family is reproducible and covers what it claims, and a search on it
+is judged on noise-free values through the real loop, strategies and verdict rule."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import search_family as family  # noqa: E402
+from search_sim import START, true_metric  # noqa: E402
+
+from nightlab.search.spaces import Choice, IntRange, LogUniform, Pow2, Uniform  # noqa: E402
+
+
+def test_a_member_is_the_same_problem_for_the_same_seed() -> None:
+    a, b = family.make_member(3), family.make_member(3)
+    assert a.describe == b.describe and a.start == b.start
+    v = a.values(a.start)
+    assert a.truth(v) == b.truth(v) and a.sd(v) == b.sd(v) and a.seconds(v) == b.seconds(v)
+    assert family.make_member(4).describe != a.describe
+
+
+def test_the_family_covers_the_kinds_sizes_crashes_and_noise_it_claims() -> None:
+    members = [family.member(n) for n in family.DEV_MEMBERS[:-1] + family.HELDOUT_MEMBERS]
+    kinds = {type(d) for m in members for d in m.dims}
+    assert {Choice, IntRange, LogUniform, Pow2, Uniform} <= kinds
+    sizes = [len(m.dims) for m in members]
+    assert min(sizes) == 2 and max(sizes) == 12
+    assert {m.info["crash"] for m in members} == {"none", "diverge", "oom", "both"}
+    assert {m.info["interactions"] for m in members} >= {"none", "weak", "medium", "strong"}
+    assert {m.info["heteroscedastic"] for m in members} == {"none", "distance", "lr"}
+    assert any(m.info["edge_optima"] for m in members)
+    assert {s for m in members for s in m.info["shapes"].values()} == {"quadratic", "narrow", "broad"}
+    noise = [m.info["noise_percent"] for m in members]
+    assert min(noise) >= 0.1 and max(noise) <= 2.0
+    for m in members:  # the start runs, and bigger models run longer
+        assert m.crash(m.values(m.start)) is None
+    m = family.member("d0")
+    small = {**m.values(m.start), "WIDTH": 64, "BATCH": 2**14}
+    big = {**small, "WIDTH": 1024, "BATCH": 2**19}
+    assert m.seconds(big) > m.seconds(small)
+    assert m.crash(big) == "oom"
+
+
+def test_the_held_out_set_shares_no_member_or_seed_with_dev() -> None:
+    dev_members, dev_seeds = family.SETS["dev"]
+    held_members, held_seeds = family.SETS["heldout"]
+    assert not set(dev_members) & set(held_members) and not set(dev_seeds) & set(held_seeds)
+
+
+def test_the_sim_member_is_search_sims_objective() -> None:
+    m = family.member("sim")
+    assert m.truth(m.values(m.start)) == pytest.approx(true_metric(**START))
+
+
+def test_a_search_is_judged_on_truth_and_never_adopts_a_worse_point_here() -> None:
+    m = family.member("d5")
+    greedy = family.search(m, "greedy", workers=1, seed=0, waves=30)
+    assert greedy.truths[0] == pytest.approx(m.truth(m.values(m.start)))
+    assert greedy.truths[-1] < greedy.truths[0] and greedy.wrong == 0
+    target = greedy.truths[-1]
+    par = family.search(m, "pattern", workers=16, seed=0, waves=12, stop_at=target)
+    t = par.time_to(target)
+    assert t is not None and par.truths[-1] <= target + 1e-12
+    # 16 workers: the same value sooner than 1 worker
+    assert t < greedy.time_to(target)
+
+
+def test_a_wave_lasts_its_slowest_run_unless_rolling() -> None:
+    m = family.member("d5")  # no crash region
+    sim = family.Sim(m, workers=4, seed=0)
+    sim.start_floor(0)
+    fast = {**m.start, "DEPTH": "2"}
+    slow = {**m.start, "DEPTH": "16"}
+    wave = sim.submit([fast, {**fast, "CLIP": "0.5"}, {**fast, "CLIP": "1.0"}, slow], 0)
+    sim.wait(wave)
+    assert sim.now == pytest.approx(max(r.end for r in sim.waves[wave]))
+
+    roll = family.RollingSim(m, fraction=0.75, workers=4, seed=0)
+    roll.start_floor(0)
+    wave = roll.submit([fast, {**fast, "CLIP": "0.5"}, {**fast, "CLIP": "1.0"}, slow], 0)
+    seen = roll.wait(wave)
+    assert len(seen) == 3 and roll.now < max(r.end for r in roll.waves[wave])
+    assert all(r.end <= roll.now for r in roll.judged[wave])
+    # the slow run is judged with the wave in which it ends, never before its end
+    nxt = roll.submit([{**fast, "CLIP": "1.5"}], 1)
+    later = roll.wait(nxt)
+    assert any(o.knobs["DEPTH"] == "16" for o in later) or roll.late
+    assert all(math.isfinite(r.end) and r.end <= roll.now for r in roll.judged[nxt])
