@@ -241,3 +241,14 @@ def test_a_within_noise_best_out_of_reach_says_why_it_is_not_settled(quick_lab):
         ]
         assert loop.settle(wave.id, "e0002", Decision("within-noise", 0.0, None, None, None, "?")) is False
         assert "no affordable number of repeats" in notes[-1]
+
+
+def test_search_without_a_strategy_runs_pattern(quick_lab):
+    # the default is the strategy that held best on bench/search_family.py (docs/search.md)
+    lab = quick_lab(slots=2, sleep=0.05)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    out = json.loads(nightlab("search", "--space", WIDE, "--waves", "1", "--json", cwd=lab).stdout)
+    [wave] = out["waves"]
+    spec = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["spec"]
+    assert spec["search"]["key"]["strategy"] == "pattern"
+    assert "[default: pattern]" in " ".join(nightlab("search", "--help", cwd=lab).stdout.split())

@@ -56,7 +56,9 @@ def interrupted_message(lab) -> str:
 @click.option(
     "--strategy",
     type=click.Choice(["factorial", "optuna", "greedy", "pattern", "surface"]),
-    required=True,
+    # pattern: the most robust on bench/search_family.py (docs/search.md, "Picking a strategy")
+    default="pattern",
+    show_default=True,
     help="factorial designs around the incumbent, Optuna batches, the greedy one-knob hill climb, pattern (parallel stencil + fitted step) or surface (a quadratic model with interactions).",
 )
 @click.option(
