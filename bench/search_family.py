@@ -661,10 +661,10 @@ def main() -> None:
                 )
                 wrong[s] += p.wrong
                 t = p.time_to(target)
-                speedup = 0.0 if t is None or g_time is None else g_time / max(t, 1e-9)
-                if t == 0.0:
-                    speedup = math.inf
-                table[s].setdefault(m.name, []).append(speedup)
+                # greedy never beat the start (its target is the start): no race to time, left out
+                speedup = None if not g_time else 0.0 if t is None else g_time / t
+                if speedup is not None:
+                    table[s].setdefault(m.name, []).append(speedup)
                 records.append(
                     {
                         "member": m.name,
@@ -683,14 +683,17 @@ def main() -> None:
                 )
                 if args.verbose:
                     print(
-                        f"{m.name} seed {seed}: {s} {speedup:5.1f}x (t {t}, greedy {g_time:.1f}), "
+                        f"{m.name} seed {seed}: {s} {'-' if speedup is None else f'{speedup:.1f}'}x "
+                        f"(t {t}, greedy {g_time}), "
                         f"best {min(p.truths):.4f} vs target {target:.4f}, wrong {p.wrong}, cpu {p.cpu:.2f}s",
                         flush=True,
                     )
         line = f"{m.name:>4} ({m.describe})"
         for s in strategies:
-            v = table[s][m.name]
-            line += f" | {s} {statistics.median(v):.1f}x {sum(x > 0 for x in v)}/{len(v)}"
+            v = table[s].get(m.name)
+            line += f" | {s} " + (
+                f"{statistics.median(v):.1f}x {sum(x > 0 for x in v)}/{len(v)}" if v else "-"
+            )
         print(line, flush=True)
 
     print()
