@@ -698,7 +698,7 @@ def main() -> None:
 
     print()
     print(
-        f"set {args.set}: members {','.join(names)}; seeds {seeds[0]}-{seeds[-1]}; {args.workers} workers vs greedy x1 "
+        f"{'members' if args.members else f'set {args.set}: members'} {','.join(names)}; seeds {seeds[0]}-{seeds[-1]}; {args.workers} workers vs greedy x1 "
         f"({args.budget} runs); target = greedy's final true value + {args.tolerance:g} noise sd"
         + (f"; rolling waves at {args.rolling:g}" if args.rolling else "; synchronous waves")
     )
