@@ -123,7 +123,7 @@ def main() -> None:
         help="factorial fills 64 workers; surface proposes ~30 runs for 8 knobs",
     )
     parser.add_argument(
-        "--poll", type=float, default=0.2, help="the loop's ledger poll (nightlab search: 0.2 s)"
+        "--poll", type=float, default=0.05, help="the loop's ledger poll (nightlab search: 0.05 s)"
     )
     args = parser.parse_args()
     parts = ["notice", "judge", "adopt", "propose", "snapshots", "dispatch"]

@@ -493,7 +493,9 @@ def run_search(
     seed: int = 0,
     settle: bool = True,
     effects_step: bool = False,
-    poll: float = 0.2,
+    # 50 ms: the loop sees a wave's last run end within ~0.05 s (bench/search_overhead.py: at 0.2 s
+    # the poll was a third of the 1.2 s between waves on a loaded 2-core box); one ledger read a poll
+    poll: float = 0.05,
     on_wave: Callable[[Any], None] | None = None,
     note: Callable[[str], None] = lambda _: None,
     progress: Callable[[WaitProgress], None] | None = None,
