@@ -114,8 +114,25 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
         mine = [e for e in exps if e.tier == tier]
         xs = [e.seq for e in mine]
         ys = [e.metric(metric) for e in mine]
-        kept = [e for e in mine if tsv_status(e) == "keep"]
+        # kept = the baseline and what was adopted; a run that beat the incumbent too but lost to
+        # the wave's best carries the verdict `keep` without being adopted: drawn apart, unlabelled
+        adopted_trees = {e.tree for e in mine if e.adopted_at is not None}
+        kept = [
+            e
+            for e in mine
+            if tsv_status(e) == "keep" and (e.tree in adopted_trees or e.verdict == "baseline")
+        ]
+        beat = [e for e in mine if tsv_status(e) == "keep" and e not in kept]
         ax.scatter(xs, ys, s=14, color="#b0b0b0", label="discarded", zorder=2)
+        if beat:
+            ax.scatter(
+                [e.seq for e in beat],
+                [e.metric(metric) for e in beat],
+                s=24,
+                color="#8fd19e",
+                label="beat the incumbent, not adopted",
+                zorder=3,
+            )
         ax.scatter(
             [e.seq for e in kept],
             [e.metric(metric) for e in kept],
@@ -130,7 +147,7 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
             step_x.append(entry.seq)
             step_y.append(best)
             ax.annotate(
-                "baseline" if entry.verdict == "baseline" else entry.description[:40],
+                "baseline" if entry.verdict == "baseline" else f"kept {entry.id}: {entry.description[:40]}",
                 (entry.seq, mean),
                 fontsize=7,
                 rotation=20,

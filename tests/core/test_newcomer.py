@@ -106,6 +106,7 @@ def test_figures_read_as_integers_and_generated_files_stay_out_of_git(make_lab):
     show = nightlab("show", a, "--no-diff", "--tail", "0", cwd=lab).stdout
     assert "  env_seed: 0\n" in show  # stored as 0.0: an integer prints as one
     assert "  training_seconds: 0.2\n" in show and "  val_bpb: 1." in show
+    assert "log tail" not in show  # `--tail 0`: no log lines at all
     assert len(next(line for line in show.splitlines() if "val_bpb" in line).split(".")[1]) == 6
     # one multi-line tuple does not widen the knobs table; --json keeps the full source
     rows = nightlab("knobs", cwd=lab).stdout.splitlines()

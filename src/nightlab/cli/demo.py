@@ -33,8 +33,9 @@ from nightlab.cli._common import emit_json, json_option, say
 )
 @json_option
 def command(directory, slots, spaces, budget, force, as_json) -> None:
-    """Run the offline demo: a lab of the built-in GPT target on the cpu profile, the
-    baseline twice, one wave of variants, a noise-aware verdict, the report.
+    """Run the offline demo: a lab of the built-in GPT target on the cpu profile that starts
+    from the batch regime of a bigger machine, the baseline twice, one wave of smaller batches,
+    a noise-aware verdict, the adoption of a real winner, the report and the story.
 
     \b
     Example:
@@ -47,24 +48,15 @@ def command(directory, slots, spaces, budget, force, as_json) -> None:
     result = run_demo(
         directory, slots=slots, spaces=spaces or DEFAULT_SPACES, budget=budget, force=force, say=say
     )
+    say("")  # the story is for people: stderr, with or without --json
+    for line in result.story:
+        say(line)
+    say(f"done in {result.seconds / 60:.1f} min" + ("" if as_json else "; the files it wrote:"))
     if as_json:
         emit_json(
             {k: str(v) if k == "lab" else v for k, v in asdict(result).items()}
             | {"files": [str(f) for f in result.files]}
         )
         return
-    say("")
-    if result.adopted:
-        say(
-            f"found a real improvement: {result.best_id} averaged {result.best:.4f} over {result.best_runs} run(s) "
-            f"vs baseline {result.baseline:.4f} ({result.best - result.baseline:+.4f}); adopted as the incumbent"
-        )
-    elif result.best_id:
-        say(
-            f"no variant beat the noise: the best, {result.best_id}, averaged {result.best:.4f} over "
-            f"{result.best_runs} run(s) (`{result.verdict}`) vs baseline {result.baseline:.4f}; the baseline stays"
-        )
-    say(f"done in {result.seconds / 60:.1f} min. The lab: {result.lab}")
     for f in result.files:
         click.echo(f)
-    say(f"next: cd {result.lab} && nightlab results   (or: nightlab dashboard)")

@@ -18,7 +18,8 @@ def show_payload(lab, experiment_id: str, *, tail_lines: int = TAIL_LINES, diff:
     e = lab.ledger.get(experiment_id)
     attempts = lab.ledger.attempts(e.id)
     log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
-    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path else []
+    # `--tail 0` is no log at all (a slice `[-0:]` would be the whole log)
+    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path and tail_lines > 0 else []
     while tail and not tail[-1].strip():
         tail.pop()
     try:
