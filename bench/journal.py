@@ -5,7 +5,8 @@ the ledger (distinct knob values, a few crashes, repeats; no fleet involved), th
 
 - `build_journal` as shipped: every snapshot's files read through one `git cat-file --batch`;
 - the same diff summaries with the files read by two `git show` calls per idea (the obvious way);
-- `to_text()` and `to_text(max_chars=40_000)` sizes, and `build_prompt` end to end.
+- `to_text()` and `to_text(max_chars=40_000)` sizes, and `build_prompt` end to end, with its
+  size in tokens (characters / 4) against `PROMPT_TOKEN_BUDGET`.
 
 Usage:
     .venv/bin/python bench/journal.py            # 900 experiments (the 16-GPU overnight run's size)
@@ -101,7 +102,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=900, help="experiments in the ledger")
     args = parser.parse_args()
     from nightlab.agent.journal import build_journal
-    from nightlab.agent.prompt import build_prompt
+    from nightlab.agent.prompt import CHARS_PER_TOKEN, PROMPT_TOKEN_BUDGET, build_prompt
     from nightlab.lab import Lab
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +128,8 @@ def main() -> None:
     print(f"{'journal text, full':<46} {len(full):>8} chars")
     print(f"{'journal text, condensed to 40k':<46} {len(short):>8} chars")
     print(f"{'build_prompt (state + condensed journal)':<46} {t_prompt:>10.2f} s ({len(prompt)} chars)")
+    tokens = len(prompt) // CHARS_PER_TOKEN
+    print(f"{'prompt tokens (chars / 4) vs budget':<46} {tokens:>8} / {PROMPT_TOKEN_BUDGET}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Reports: `results.tsv` in the autoresearch format, a wider export, `progress.png`, and
-`costs.md` (time and money per remote worker, see `fleet/costs.py`) for labs with SkyPilot pools.
+`costs.md` (time and money per remote worker, see `fleet/costs.py`) for labs with SkyPilot pools,
+and the agent's API cost per night next to it (`agent/costs.py`) for labs where an agent ran.
 
 results.tsv is what existing autoresearch notebooks read, so its shape is fixed:
 tab-separated, header `commit <metric> memory_gb status description`, the short hash of
@@ -205,9 +206,15 @@ def write_report(
         png = lab_dir / "progress.png"
         progress_png(ledger, config, png)
         written.append(png)
-    costs = cost_summary(ledger)
-    if costs is not None:  # only labs that ran remote (SkyPilot) workers
+    from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
+
+    costs = cost_summary(ledger)  # only labs that ran remote (SkyPilot) workers
+    api = agent_cost_summary(ledger)  # only labs where an agent ran
+    if costs is not None or api is not None:
+        parts = [] if costs is None else [cost_markdown(costs)]
+        if api is not None:
+            parts.append(agent_cost_markdown(api, gpu_cost=None if costs is None else costs["total_cost"]))
         costs_path = lab_dir / "costs.md"
-        _atomic_write(costs_path, cost_markdown(costs))
+        _atomic_write(costs_path, "\n".join(parts))
         written.append(costs_path)
     return written

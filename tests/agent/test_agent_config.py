@@ -24,6 +24,9 @@ def test_agent_table_is_parsed():
             "default": "codex",
             "stall_seconds": 120,
             "max_restarts_per_hour": 3,
+            "api_backoff_seconds": 5,
+            "api_backoff_max_seconds": 60,
+            "token_prices": {"input": 2, "output": 8},
             "commands": {"claude": "claude -p --max-turns 200", "mine": "python bot.py"},
         },
     }
@@ -31,6 +34,8 @@ def test_agent_table_is_parsed():
     assert agent.default == "codex"
     assert agent.stall_seconds == 120.0
     assert agent.max_restarts_per_hour == 3
+    assert (agent.api_backoff_seconds, agent.api_backoff_max_seconds) == (5.0, 60.0)
+    assert agent.token_prices == (2.0, 0.125, 8.0)  # cached input keeps its default
     assert agent.commands == {"claude": "claude -p --max-turns 200", "mine": "python bot.py"}
 
 
@@ -43,6 +48,13 @@ def test_agent_table_is_parsed():
         ({"commands": {"x": ""}}, "`agent.commands.x` must be a non-empty command line"),
         ({"commands": "claude"}, "`agent.commands` must be"),
         ({"default": 3}, "`agent.default` must be a string"),
+        ({"api_backoff_seconds": 0}, "`agent.api_backoff_seconds` must be positive"),
+        (
+            {"api_backoff_seconds": 100, "api_backoff_max_seconds": 10},
+            "at most `agent.api_backoff_max_seconds`",
+        ),
+        ({"token_prices": {"input": -1}}, "`agent.token_prices.input` must be >= 0"),
+        ({"token_prices": {"inputs": 1}}, "unknown key `agent.token_prices.inputs`"),
     ],
 )
 def test_bad_agent_tables_are_refused_with_the_key(table, message):

@@ -65,3 +65,25 @@ def test_the_targets_own_program_follows_nightlabs(tmp_path: Path):
     ours = text.index("# nightlab: how to do research in this lab")
     theirs = text.index("# The target's own notes (program.md)")
     assert ours < theirs < text.index("Try wider models.")
+
+
+def test_the_prompt_stays_under_its_token_budget(make_lab):
+    from nightlab.agent.prompt import CHARS_PER_TOKEN, PROMPT_TOKEN_BUDGET
+
+    lab = make_lab(slots=2)
+    nightlab("submit", "-m", "baseline", cwd=lab)
+    for i, lr in enumerate(("0.02", "0.03", "0.005", "0.04", "0.015", "0.001")):
+        nightlab("submit", "-m", f"idea {i}: a long description " + "x" * 300, "--set", f"LR={lr}", cwd=lab)
+    wait_json(lab, "--all")
+    with Lab.open(lab) as opened:
+        full = build_prompt(opened, session=1)
+        small = len(full) // CHARS_PER_TOKEN - 400  # tokens: 1,600 chars short of the whole journal
+        cut = build_prompt(opened, session=1, token_budget=small)
+    assert len(full) <= PROMPT_TOKEN_BUDGET * CHARS_PER_TOKEN
+    assert len(cut) <= small * CHARS_PER_TOKEN
+    # only the journal gave way: instructions and state are whole, the journal says it was condensed
+    def head(text: str) -> str:  # all before the journal, without the first line's clock
+        return text.split("# Research journal")[0].split("\n", 1)[1]
+
+    assert head(cut) == head(full)
+    assert "also tried" in cut or "journal cut" in cut

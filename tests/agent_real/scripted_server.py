@@ -20,7 +20,7 @@ requests, "prompt too long" / `context_length_exceeded`, a stream that stalls af
 headers, or no answer at all (the request is read, nothing is ever sent back).
 
 The first request of every conversation is checked: its prompt must hold the lab's state
-(`REQUIRED_STATE`); a prompt without it is answered with HTTP 400 and recorded in `problems`,
+(`REQUIRED_STATE`, and what a test adds with `required=`); a prompt without it is answered with HTTP 400 and recorded in `problems`,
 which the tests assert empty. Every request's prompt size is recorded for the budget checks.
 
 Usage:
@@ -173,8 +173,15 @@ class Request:
 class ScriptedServer:
     """The server (see the module docstring); a context manager that stops its thread."""
 
-    def __init__(self, policy: ResearchPolicy | None = None, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        policy: ResearchPolicy | None = None,
+        *,
+        required: tuple[str, ...] = REQUIRED_STATE,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.policy = policy or ResearchPolicy()
+        self.required = required
         self.requests: list[Request] = []
         self.problems: list[str] = []
         self._failures: list[Failure] = []
@@ -226,7 +233,7 @@ class ScriptedServer:
     def _check_prompt(self, prompt: str, turn: int) -> str | None:
         if turn > 0:
             return None
-        missing = [s for s in REQUIRED_STATE if s not in prompt]
+        missing = [s for s in self.required if s not in prompt]
         if missing:
             problem = f"prompt without the lab's state: missing {missing}"
             self.problems.append(problem)

@@ -16,7 +16,7 @@ import os
 
 import pytest
 from real_support import LoopbackNet, agent_run, cli_env, finish, install_cli, state
-from scripted_server import CHARS_PER_TOKEN, ResearchPolicy, ScriptedServer
+from scripted_server import CHARS_PER_TOKEN, REQUIRED_STATE, ResearchPolicy, ScriptedServer
 
 from labkit import nightlab, wait_json
 from nightlab.agent.prompt import PROMPT_TOKEN_BUDGET
@@ -40,8 +40,11 @@ def net():
 def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     lab = make_lab(slots=2)
     nightlab("submit", "-m", "baseline", "--repeats", "2", cwd=lab)
+    nightlab("submit", "-m", "blow up", "--set", "MODE='oom'", cwd=lab)
     wait_json(lab, "--all")
-    with net.call(ScriptedServer, ResearchPolicy(per_session=2)) as server:
+    # every session's first request must show the lab's state, the crash included
+    required = (*REQUIRED_STATE, "## Recent crashes", "- e0003 crash:oom")
+    with net.call(ScriptedServer, ResearchPolicy(per_session=2), required=required) as server:
         env = cli_env(cli, server.url, tmp_path / "home", bins)
         proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "4", "--stall-seconds", "60")
         code, out, err = finish(proc, timeout=120)
@@ -61,26 +64,26 @@ def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     rows = json.loads(nightlab("results", "--json", cwd=lab).stdout)["experiments"]
     by_agent = sorted((r["id"], r["description"]) for r in rows if r["description"].startswith("lr "))
     assert by_agent == [
-        ("e0003", "lr 0.02"),
-        ("e0004", "lr 0.04"),
-        ("e0005", "lr 0.005"),
-        ("e0006", "lr 0.03"),
+        ("e0004", "lr 0.02"),
+        ("e0005", "lr 0.04"),
+        ("e0006", "lr 0.005"),
+        ("e0007", "lr 0.03"),
     ]
     journal = nightlab("journal", cwd=lab).stdout
-    assert "- e0003 keep [adopted]: cpu 1.000000" in journal and "LR 0.01->0.02" in journal
+    assert "- e0004 keep [adopted]: cpu 1.000000" in journal and "LR 0.01->0.02" in journal
     assert "LR 0.01->0.04" in journal
-    assert (lab / "notes.md").read_text() == "- session tried e0003, e0004\n"
+    assert (lab / "notes.md").read_text() == "- session tried e0004, e0005\n"
 
     # the restarted session's prompt held the new state (the server checked every first request)
     prompt2 = (lab / ".nightlab" / "agent" / "prompt-2.md").read_text()
-    assert "The previous session ended (exit 0)" in prompt2 and "adopt e0003: lr 0.02" in prompt2
+    assert "The previous session ended (exit 0)" in prompt2 and "adopt e0004: lr 0.02" in prompt2
     firsts = [r for r in server.requests if r.turn == 0]
-    assert len(firsts) == 2 and "adopt e0003: lr 0.02" in firsts[1].prompt
+    assert len(firsts) == 2 and "adopt e0004: lr 0.02" in firsts[1].prompt
     assert max(len(r.prompt) for r in firsts) <= PROMPT_TOKEN_BUDGET * CHARS_PER_TOKEN
 
     # the transcript, read back: status shows each session's end, turns, commands, cost, last words
     transcript = (lab / ".nightlab" / "agent" / "transcript-1.log").read_text()
-    assert "nightlab adopt e0003" in transcript
+    assert "nightlab adopt e0004" in transcript
     text = nightlab("agent", "status", cwd=lab).stdout
     assert "stopped: max-experiments" in text
     assert "session 1: exit 0 after" in text and "7 commands" in text and "I am done" in text

@@ -81,3 +81,35 @@ def test_agent_page(make_lab):
         transcript.write_text("submitted e0001\nwaiting\n")
         html = c.get("/agent").text
     assert "no agent running" not in html and "submitted e0001" in html and "claude" in html
+
+
+def test_agent_page_shows_an_outage_the_cost_and_the_sessions(make_lab):
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from nightlab.web.app import create_app
+
+    lab = make_lab(slots=1)
+    now = time.time()
+    api = {
+        "since": now - 300,
+        "failures": 3,
+        "delay": 120.0,
+        "next_try_at": now + 60.4,
+        "last_error": "API Error: 529",
+    }
+    session = {"n": 2, "started_at": now - 400, "ended_at": now - 390, "end": "api-error", "turns": 0}
+    session |= {"commands": 0, "cost_usd": 0.0, "error": "API Error: 529 Overloaded"}
+    _state(lab, session=2, api=api, cost_usd=1.25, limits={"max_cost": 5.0}, sessions=[session])
+    state = agent_state(lab)
+    assert state["outage"].startswith("API unavailable since ") and ", next try at " in state["outage"]
+    assert "(in 60 s); 3 failed sessions, last error: API Error: 529" in state["outage"]
+    assert state["cost"] == "API $1.25 this run, $0.00 last session, cap $5.00, GPU - (fleet)"
+    assert state["sessions"] == [
+        "session 2: api-error after 10 s, 0 turns, 0 commands, $0.00; API Error: 529 Overloaded"
+    ]
+    with TestClient(create_app(lab)) as c:
+        html = c.get("/agent").text
+    assert 'id="agent-outage"' in html and "API unavailable since" in html and "cap $5.00" in html
+    assert "session 2: api-error after 10 s" in html

@@ -418,7 +418,7 @@ class Supervisor:
     def _argv(self, prompt_path: Path) -> list[str]:
         argv = [a.replace("{prompt_file}", str(prompt_path)) for a in self.command.argv]
         if (
-            self.command.cli == "claude"
+            Path(argv[0]).name == "claude"
             and self.limits.max_cost is not None
             and "--max-budget-usd" not in argv
         ):
