@@ -15,6 +15,7 @@ Run: .venv/bin/python -m pytest -q tests/agent_real/test_real_failures.py
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -143,7 +144,8 @@ def test_a_server_that_never_answers_is_met_by_the_watchdog(cli, make_lab, bins,
     with net.call(ScriptedServer) as server:
         server.fail("silent", 10**6)
         env = cli_env(cli, server.url, tmp_path / "home", bins)
-        proc = agent_run(net, lab, env, "--agent", cli, "--stall-seconds", "3", "--max-hours", str(13 / 3600))
+        # 6 s: long enough for the CLI to start and send its request on a loaded 2-core machine
+        proc = agent_run(net, lab, env, "--agent", cli, "--stall-seconds", "6", "--max-hours", str(20 / 3600))
         agents: list[int] = []
         stdins: list[str] = []
         try:
@@ -160,19 +162,22 @@ def test_a_server_that_never_answers_is_met_by_the_watchdog(cli, make_lab, bins,
             stop(proc)
     assert code == 0 and out == "max-hours\n", err
     ends = [s["end"] for s in state(lab)["sessions"]]
-    assert ends[:2] == ["stall", "stall"] and ends[-1] in ("stall", "max-hours")
+    # stalled, killed and restarted until --max-hours (how many fit in 20 s depends on the load)
+    assert len(ends) >= 2 and set(ends[:-1]) == {"stall"} and ends[-1] in ("stall", "max-hours")
     assert len(agents) >= 2 and all(dead_group(pid) for pid in agents)  # each killed with its group
     # stdin is the prompt file (read to EOF), never an open pipe or terminal
     assert stdins and all(re.search(r"/\.nightlab/agent/prompt-\d+\.md$", s) for s in stdins), stdins
-    assert {r.answered for r in server.requests} == {"silent"}
+    answered = [r.answered for r in server.requests]
+    assert answered and set(answered) == {"silent"}
 
 
 @pytest.mark.parametrize("cli", CLIS)
 def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_path):
-    lab = make_lab(slots=1)
+    lab = make_lab(slots=2)
     if cli == "codex":  # Codex reports tokens: priced so that one session costs a few dollars
         agent_toml(lab, "[agent.token_prices]\ninput = 100.0\ncached_input = 10.0\noutput = 100.0\n")
     slow = nightlab("submit", "-m", "slow", "--set", "SLEEP=4", cwd=lab).stdout.split()[0]
+    controller = json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"]
     with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:
         env = cli_env(cli, server.url, tmp_path / "home", bins)
         proc = agent_run(net, lab, env, "--agent", cli, "--max-cost", "0.05", "--stall-seconds", "60")
@@ -180,7 +185,9 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     assert code == 0 and out == "max-cost\n", err
     st = state(lab)
     assert len(st["sessions"]) == 1 and st["cost_usd"] >= 0.05
-    # the fleet was not stopped: the queued experiment still finishes
+    # the fleet was not stopped: the same controller runs on, and the queued experiment finishes
+    after = json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"]
+    assert controller["running"] and after["running"] and after["pid"] == controller["pid"]
     [done] = wait_json(lab, slow, timeout=60)
     assert done["status"] == "finished"
     text = nightlab("agent", "status", cwd=lab).stdout
