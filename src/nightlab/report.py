@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
 from nightlab.config import LabConfig
 from nightlab.display import exact
 from nightlab.fleet.costs import cost_markdown, cost_summary
@@ -206,8 +207,6 @@ def write_report(
         png = lab_dir / "progress.png"
         progress_png(ledger, config, png)
         written.append(png)
-    from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
-
     costs = cost_summary(ledger)  # only labs that ran remote (SkyPilot) workers
     api = agent_cost_summary(ledger)  # only labs where an agent ran
     if costs is not None or api is not None:

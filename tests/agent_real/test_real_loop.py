@@ -22,6 +22,7 @@ from labkit import nightlab, wait_json
 from nightlab.agent.prompt import PROMPT_TOKEN_BUDGET
 
 CLIS = ("claude", "codex")
+CLI_OWN_TOKENS = 16_000  # a new CLI version that sends much more than this deserves a look
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +81,9 @@ def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     firsts = [r for r in server.requests if r.turn == 0]
     assert len(firsts) == 2 and "adopt e0004: lr 0.02" in firsts[1].prompt
     assert max(len(r.prompt) for r in firsts) <= PROMPT_TOKEN_BUDGET * CHARS_PER_TOKEN
+    # what the model reads first: our prompt plus the CLI's own system prompt and tools
+    # (measured: Claude Code ~12.5k tokens of its own, Codex ~10k)
+    assert max(r.prompt_chars for r in firsts) <= (PROMPT_TOKEN_BUDGET + CLI_OWN_TOKENS) * CHARS_PER_TOKEN
 
     # the transcript, read back: status shows each session's end, turns, commands, cost, last words
     transcript = (lab / ".nightlab" / "agent" / "transcript-1.log").read_text()
