@@ -81,6 +81,7 @@ def test_the_prompt_stays_under_its_token_budget(make_lab):
         cut = build_prompt(opened, session=1, token_budget=small)
     assert len(full) <= PROMPT_TOKEN_BUDGET * CHARS_PER_TOKEN
     assert len(cut) <= small * CHARS_PER_TOKEN
+
     # only the journal gave way: instructions and state are whole, the journal says it was condensed
     def head(text: str) -> str:  # all before the journal, without the first line's clock
         return text.split("# Research journal")[0].split("\n", 1)[1]
