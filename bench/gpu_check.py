@@ -18,6 +18,9 @@ Steps (each "ok", "skipped: <why>", "failed: <one line>", "timeout after Ns" or 
          peak memory, attention and compile path; goals MFU >= 45 %, start-up + scoring <= 20 s
          (on demo the scoring time is also scaled up to the h100 profile's 21M eval tokens)
   tests  the GPU tests (`pytest -m gpu`, GPU_TESTS, default tests/harness)
+  protected  (issue 13) the same train.py through the fleet's supervisor: bwrap sandbox, hand_in
+         (torch.export), the scorer with the hidden probe; export, scoring and start-up seconds,
+         goal start-up + scoring <= 20 s; skipped in the rehearsal (the red-team suite covers it)
   tune   with --tune only: `nightlab tune` on that lab (compile x attention x batch)
 The headline figures come before the tests, so a short deadline cuts the tests first. FA3 is not
 carried (no wheel for torch 2.11 + CUDA 13 on PyPI, and hub kernels need a network): expect SDPA.
@@ -72,7 +75,7 @@ STARTUP_KEYS = ("startup_seconds",)
 # Longest each step may take, seconds; each is also cut to what is left of --deadline. Sized for
 # an H100/H200: torch import and the FA3 probe take seconds, a cold inductor compile of the
 # depth-8 model about a minute, eval on 2**16 tokens a few seconds plus its own compile.
-STEP_LIMITS = {"env": 60, "gpu": 90, "tests": 120, "data": 120, "train": 300, "tune": 300}
+STEP_LIMITS = {"env": 60, "gpu": 90, "tests": 120, "data": 120, "train": 300, "protected": 300, "tune": 300}
 MIN_STEP_SECONDS = 10  # a step with less than this left is not started
 
 GOAL_MFU = 45.0  # percent of the card's own dense bf16 peak
@@ -547,11 +550,51 @@ def _drive(check: Check, args: argparse.Namespace) -> None:
                 check.steps["tests"]["status"] = f"skipped: no CUDA ({counts})"
             elif rc != 0:
                 check.steps["tests"]["status"] = f"failed: {counts}"
+    # -- issue 13: the protected path, kept apart from the steps above to ease merging --
+    if args.rehearse or no_torch:
+        check.skip("protected", "rehearsal (tests/integrity runs the same path on CPU)")
+    elif check.ok("data"):
+        s["protected"] = protected_run(check, args, goals=cuda)
     if args.tune:
         if cuda:
             s["tune"] = check.snippet("tune")
         else:
             check.skip("tune", "no CUDA")
+
+
+def protected_run(check: Check, args: argparse.Namespace, *, goals: bool) -> dict:
+    """Issue 13: the lab's train.py as the fleet runs it (supervisor, sandbox, hand-in, scorer)."""
+    import shutil
+
+    lab = Path(args.lab)
+    run = lab / ".nightlab" / "runs" / "e0001" / "attempt-1"
+    shutil.rmtree(run, ignore_errors=True)
+    (run / "work").mkdir(parents=True)
+    for name in ("train.py", "nightlab.toml"):
+        shutil.copy(lab / name, run / "work" / name)
+    isolated = ["-P"] if sys.version_info >= (3, 11) else ["-I"]  # nightlab.harness.attempt.ISOLATED
+    cmd = [sys.executable, *isolated, "-m", "nightlab.harness.attempt", "--run-dir", str(run), "--lab", str(lab),
+           "--", f"{sys.executable} train.py"]  # fmt: skip
+    start = time.monotonic()
+    rc, output = check.run("protected", cmd, cwd=run / "work", env={**os.environ, "NIGHTLAB_SEED": "0"})
+    wall = time.monotonic() - start
+    try:
+        score = json.loads((run / "score.json").read_text())
+    except (OSError, ValueError):
+        score = {}
+    if rc is not None and (rc != 0 or score.get("status") != "ok"):
+        why = score.get("invalid_reason") or _last_line(output)
+        check.steps["protected"]["status"] = f"failed: exit {rc}: {why}"
+    keys = ("val_bpb", "sandbox", "unsandboxed", "export_seconds", "eval_seconds", "probe_rows",
+            "train_wall_seconds", "wall_limit_seconds")  # fmt: skip
+    figures = {k: score[k] for k in keys if k in score}
+    startup = _num(parse_block(output).get("startup_seconds"))
+    scoring = round(wall - score.get("train_wall_seconds", wall), 1)
+    figures.update(scoring_seconds=scoring, startup_seconds=startup)
+    if goals and startup is not None:
+        figures["goal_overhead"] = "PASS" if startup + scoring <= GOAL_OVERHEAD else "MISS"
+    check.say(f"   -> protected: {figures}")
+    return figures
 
 
 def render(s: dict) -> str:

@@ -54,7 +54,7 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: 
     extra: list[str] = []
     if wide:
         keys = sorted({k for e in exps for k in e.metrics} - {metric, "peak_vram_mb"})
-        extra = [*_FIXED_WIDE, *keys]
+        extra = [*_FIXED_WIDE, "trust", *keys]
     lines = ["\t".join(["commit", metric, "memory_gb", "status", "description", *extra])]
     for e in exps:
         status = tsv_status(e)
@@ -71,7 +71,10 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: 
             for col in _FIXED_WIDE:
                 v = getattr(e, col)
                 row.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
-            row += [_clean(exact(e.metrics.get(k))) for k in extra[len(_FIXED_WIDE) :]]
+            from nightlab.harness.owned import trust
+
+            row.append(trust(e.metrics, builtin=config.target.builtin))
+            row += [_clean(exact(e.metrics.get(k))) for k in extra[len(_FIXED_WIDE) + 1 :]]
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 

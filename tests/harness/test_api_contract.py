@@ -24,6 +24,19 @@ TEMPLATE = Path(gpt_target.__file__).parent / "train.py"
 # name -> parameters as (name, kind, has a default), as shipped in the templates labs hold
 CALLABLES: dict[str, list[tuple[str, str, bool]]] = {
     "nightlab.harness.accel.detect": [("attention", "KEYWORD_ONLY", True), ("compile", "KEYWORD_ONLY", True)],
+    "nightlab.harness.clock.training_batches": [
+        ("profile", "POSITIONAL_OR_KEYWORD", False),
+        ("batch_size", "POSITIONAL_OR_KEYWORD", False),
+        ("device", "POSITIONAL_OR_KEYWORD", False),
+        ("seed", "KEYWORD_ONLY", True),
+        ("data_dir", "KEYWORD_ONLY", True),
+    ],
+    "nightlab.harness.handoff.hand_in": [
+        ("model", "POSITIONAL_OR_KEYWORD", False),
+        ("batches", "POSITIONAL_OR_KEYWORD", False),
+        ("batch_size", "KEYWORD_ONLY", True),
+        ("folder", "KEYWORD_ONLY", True),
+    ],
     "nightlab.harness.data.load_manifest": [
         ("data_dir", "POSITIONAL_OR_KEYWORD", False),
         ("profile", "KEYWORD_ONLY", True),
@@ -59,6 +72,8 @@ FIELDS: dict[str, set[str]] = {
         "warmup_steps",
     },
     "nightlab.harness.evaluate.EvalResult": {"val_bpb", "invalid_reason", "seconds"},
+    "nightlab.harness.clock.ClockFigures": {"training_seconds", "warmup_seconds", "warmup_steps", "steps"},
+    "nightlab.harness.handoff.HandIn": {"score"},
     "nightlab.harness.profiles.Profile": {"budget_seconds", "seq_len"},
 }
 
@@ -74,6 +89,7 @@ ATTRIBUTES: dict[str, set[str]] = {
         "windows_supported",
     },
     "nightlab.harness.tokenizer.Tokenizer": {"load"},
+    "nightlab.harness.clock.TrainingClock": {"budget", "progress", "step", "figures", "__next__"},
 }
 
 

@@ -2,8 +2,8 @@
 
 A tiny profile (demo data, vocab 512, 64-token rows) and a one-layer model keep each run to a
 few seconds; `NIGHTLAB_MAX_STEPS` makes runs step-based, hence deterministic. Covers the summary
-block, determinism per seed, the time budget, and the failure modes: NaN loss, a non-causal
-model, unprepared data. The optimizer's numerics are checked in-process against an SVD.
+block (by hand, `hand_in` runs the harness's scorer in a second process), determinism per seed, the
+time budget, and the failure modes: NaN loss, a non-causal model, unprepared data. The optimizer's numerics are checked in-process against an SVD.
 Run: .venv/bin/python -m pytest -q tests/harness/test_train.py
 """
 
@@ -25,7 +25,7 @@ TINY = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "4", "TOTAL_BATCH_S
 SUMMARY_KEYS = [
     "val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent", "total_tokens_M",
     "num_steps", "num_params_M", "depth", "tok_per_sec", "device", "peak_tflops", "attention", "compile",
-    "startup_seconds", "eval_seconds", "data_fingerprint",
+    "startup_seconds", "eval_seconds", "warmup_seconds", "data_fingerprint",
 ]  # fmt: skip
 
 
@@ -116,10 +116,10 @@ def test_exploding_loss_stops_with_one_fail_line(lab, data_root):
 
 
 def test_a_nan_val_bpb_stops_with_one_fail_line(lab, data_root):
-    call = "result = evaluate(\n        train_model, profile,"
+    call = "score = hand_in(model, batches).score"
     source = template()
     assert call in source
-    nan_logits = "result = evaluate(\n        lambda *a, **k: train_model(*a, **k) * float('nan'), profile,"
+    nan_logits = "GPT.SOFTCAP = float('nan')\n    " + call  # trained fine, scores NaN
     result = run(lab, data_root, source.replace(call, nan_logits))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     fails = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]

@@ -15,8 +15,14 @@ def results_payload(lab, rows, incumbents) -> dict:
     `incumbent.tiers[t].mean - baseline.tiers[t].mean`.
     """
     from nightlab.analysis import baseline_figures
+    from nightlab.harness.owned import trust
 
     metric = lab.config.metric.name
+    experiments = []
+    for r in rows:
+        d = r.to_dict(metric)
+        d["trust"] = trust(r.experiment.metrics, builtin=lab.config.target.builtin)
+        experiments.append(d)
     return {
         "metric": metric,
         "direction": lab.config.metric.direction,
@@ -32,7 +38,8 @@ def results_payload(lab, rows, incumbents) -> dict:
                 ).items()
             }
         },
-        "experiments": [r.to_dict(metric) for r in rows],
+        "self_reported": not lab.config.target.builtin,
+        "experiments": experiments,
     }
 
 
@@ -52,6 +59,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
       nightlab results --json | jq '.experiments[] | select(.verdict == "keep") | .id'
     """
     from nightlab.analysis import decide_tree, results, settle_hint
+    from nightlab.harness.owned import TRUST_NOTES, trust
 
     if tier is not None:
         lab.check_tier(tier)
@@ -71,7 +79,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
             out.print(f"incumbent {lab.head()[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
     shown = rows if all_ else [r for r in rows if r.value is not None][:limit]
     table = Table(box=None, pad_edge=False)
-    for col in ("id", "tier", metric, "delta", "verdict", "seed", "description"):
+    for col in ("id", "tier", metric, "delta", "verdict", "trust", "seed", "description"):
         table.add_column(
             col, justify="right" if col in (metric, "delta", "seed") else "left", no_wrap=col != "description"
         )
@@ -79,8 +87,11 @@ def command(lab, tier, all_, limit, as_json) -> None:
         e = r.experiment
         value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
         delta = "-" if r.delta is None else f"{r.delta:+.6f}"
-        table.add_row(e.id, e.tier, value, delta, e.verdict or "-", str(e.seed), e.description[:60])
+        vouched = trust(e.metrics, builtin=lab.config.target.builtin)
+        table.add_row(e.id, e.tier, value, delta, e.verdict or "-", vouched, str(e.seed), e.description[:60])
     out.print(table)
+    if not lab.config.target.builtin:
+        say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")
     counts: dict[str, int] = {}
     for r in rows:
         key = r.experiment.outcome or r.experiment.status.label

@@ -26,7 +26,10 @@ def show_payload(lab, experiment_id: str, *, tail_lines: int = TAIL_LINES, diff:
         text = snapshots.diff(lab.path, e.parent, e.snapshot) if diff else ""
     except SnapshotError as err:
         text = f"(diff unavailable: {err})"
+    from nightlab.harness.owned import trust
+
     data = e.to_dict()
+    data["trust"] = trust(e.metrics, builtin=lab.config.target.builtin)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
     return data
 
@@ -57,6 +60,10 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     out.print(f"  status {e.status.label}, outcome {e.outcome or '-'}, verdict {e.verdict or '-'}")
     if e.detail:
         out.print(f"  detail {e.detail}")
+    if e.finished_at is not None:
+        from nightlab.harness.owned import TRUST_NOTES
+
+        out.print(f"  trust {data['trust']}: {TRUST_NOTES[data['trust']]}")
     out.print(
         f"  tier {e.tier}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, snapshot {e.snapshot[:12]}"
     )

@@ -119,6 +119,12 @@ class Controller:
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
         self._max_training = max_training_seconds(config)
+        # built-in target: the harness scores every local run apart from train.py (harness/attempt.py)
+        self._digests = None
+        if config.target.builtin:
+            from nightlab.harness.attempt import record_digests
+
+            self._digests = record_digests(lab_dir)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -189,16 +195,40 @@ class Controller:
             "NIGHTLAB_WORKER": attempt.worker,
             "NIGHTLAB_LAB": str(self.lab_dir),
         }
+        command = self.config.target.command
+        if self._scored(attempt.handle.get("backend", "local")):
+            from nightlab.harness.attempt import HARNESS_DIGESTS_ENV, wrap_command
+
+            command = wrap_command(command, run_dir=run_dir, lab_dir=self.lab_dir)
+            env[HARNESS_DIGESTS_ENV] = str(self._digests)
         return RunSpec(
             experiment_id=exp.id,
             attempt=attempt.number,
             snapshot=exp.snapshot,
-            command=self.config.target.command,
+            command=command,
             env=env,
             timeout=self.config.target.timeout,
             run_dir=run_dir,
             lab_dir=self.lab_dir,
         )
+
+    def _scored(self, backend: str) -> bool:
+        """Whether the harness scores runs on this backend (built-in target, local runs)."""
+        return self._digests is not None and backend == "local"
+
+    def _flag_seed(self, experiment_id: str, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add `seed_warning` when another seed of the same snapshot scored exactly the same."""
+        from nightlab.harness.owned import seed_ignored
+
+        exp = self.ledger.get(experiment_id)
+        name = self.config.metric.name
+        siblings = [
+            (o.seed, o.metric(name))
+            for o in self.ledger.experiments(tree=exp.tree, tier=exp.tier)
+            if o.id != exp.id and o.ok
+        ]
+        warning = seed_ignored(exp.seed, metrics[name], siblings)
+        return {**metrics, "seed_warning": warning} if warning and "seed_warning" not in metrics else metrics
 
     def _slot_for(self, attempt: Attempt) -> WorkerSlot:
         for slot in self.slots:
@@ -274,6 +304,15 @@ class Controller:
                 (ended.detail, result.detail) if result.outcome == "infra" else (result.detail, ended.detail)
             )
             outcome, detail, metrics = result.outcome, first or second, result.metrics
+            if self._scored(active.slot.backend):
+                from nightlab.harness.owned import apply_score, read_score
+
+                score = read_score(active.spec.run_dir)
+                outcome, detail, metrics = apply_score(
+                    outcome, detail, metrics, score, metric=self.config.metric.name
+                )
+                if outcome == "ok":
+                    metrics = self._flag_seed(active.spec.experiment_id, metrics)
         exp = self.ledger.get(active.spec.experiment_id)
         final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
         value = metrics.get(self.config.metric.name)

@@ -3,7 +3,10 @@
 This is the file a lab's agents edit. Everything in it is fair game: the model, the optimizer,
 the hyperparameters, the loop. What is fixed lives in the installed `nightlab.harness`: the data,
 the tokenizer, the time budget and sequence length (the lab's profile in nightlab.toml), and the
-metric (bits per byte on held-out text, computed from this model's logits; lower is better).
+metric (bits per byte on held-out text; lower is better). The harness owns the measurement: its
+training-batch iterator stops at the budget, and the run ends by handing the trained model to the
+harness (`hand_in`), which scores it in a separate process that never runs this file, on validation
+data this process cannot read (docs/integrity.md).
 
 Sections: hyperparameters -> model -> optimizer -> setup -> training loop -> evaluation and summary.
 The model and optimizer follow karpathy/autoresearch: RoPE, QK norm, ReLU^2 MLP, value embeddings
@@ -12,9 +15,10 @@ express + variance normalisation + cautious weight decay) for matrices, AdamW fo
 LR schedule over the time budget. Device details (precision, attention kernel, compile) come from
 `nightlab.harness.accel`.
 
-Run inside a lab: `python train.py` (`nightlab submit` does it for you). Environment: NIGHTLAB_SEED
-(default 0) seeds init and data order; NIGHTLAB_BUDGET / NIGHTLAB_MAX_STEPS / NIGHTLAB_SKIP_EVAL
-shorten runs for tests and `nightlab tune`, and the fleet never sets them.
+Run inside a lab: `python train.py` (`nightlab submit` does it for you; by hand, `hand_in` starts the
+harness's scorer itself). Environment: NIGHTLAB_SEED (default 0) seeds init and data order;
+NIGHTLAB_BUDGET / NIGHTLAB_MAX_STEPS / NIGHTLAB_SKIP_EVAL shorten runs for tests and `nightlab tune`,
+and the fleet never sets them.
 """
 
 import time
@@ -32,9 +36,9 @@ import torch.nn.functional as F
 
 from nightlab.errors import NightlabError
 from nightlab.harness.accel import detect
+from nightlab.harness.clock import training_batches
 from nightlab.harness.data import load_manifest
-from nightlab.harness.evaluate import evaluate
-from nightlab.harness.loader import train_batches
+from nightlab.harness.handoff import hand_in
 from nightlab.harness.profiles import data_dir, load_lab_profile
 from nightlab.harness.tokenizer import Tokenizer
 
@@ -358,9 +362,6 @@ def lr_multiplier(progress):
 # Setup
 
 profile = load_lab_profile()
-# Test / tune overrides; the fleet never sets them. MAX_STEPS > 0: exactly that many steps, step-based schedule.
-budget = float(os.environ.get("NIGHTLAB_BUDGET", profile.budget_seconds))
-max_steps = int(os.environ.get("NIGHTLAB_MAX_STEPS", "0"))
 seed = int(os.environ.get("NIGHTLAB_SEED", "0"))
 data = data_dir(profile)
 try:
@@ -392,8 +393,10 @@ if TOTAL_BATCH_SIZE % tokens_per_pass:
         f"TOTAL_BATCH_SIZE {TOTAL_BATCH_SIZE} is not a multiple of DEVICE_BATCH_SIZE * seq_len = {tokens_per_pass}"
     )
 grad_accum = TOTAL_BATCH_SIZE // tokens_per_pass
-train_iter = train_batches(data, DEVICE_BATCH_SIZE, T, accel.device, seed=seed)
-x, y = next(train_iter)
+# The harness's clock serves the batches and stops at the budget (NIGHTLAB_BUDGET / NIGHTLAB_MAX_STEPS
+# shorten it in tests); its first steps, up to a capped time, are an untimed warm-up (compile, allocator).
+batches = training_batches(profile, DEVICE_BATCH_SIZE, accel.device, seed=seed)
+x, y = next(batches)
 
 
 def compile_probe(m):
@@ -411,82 +414,83 @@ print(
 print(f"model: depth {DEPTH}, dim {config.n_embd}, {n_head} heads of {HEAD_DIM}, windows {windows}")
 print(f"params: {num_params / 1e6:.2f}M | {flops_per_token / 1e6:.1f} MFLOP/token | vocab {vocab_size}")
 print(
-    f"batch: {TOTAL_BATCH_SIZE} tokens/step = {grad_accum} x {DEVICE_BATCH_SIZE} rows x {T} | budget {budget:g}s"
+    f"batch: {TOTAL_BATCH_SIZE} tokens/step = {grad_accum} x {DEVICE_BATCH_SIZE} rows x {T} | "
+    f"budget {batches.budget:g}s"
 )
 
 # ---------------------------------------------------------------------------
-# Training loop: runs until `budget` seconds of training; the first warmup steps (compilation,
-# allocator) are not counted.
+# Training loop: runs until the harness's clock stops serving batches (the budget is spent).
 
 step = 0
-train_time = 0.0
-timed_tokens = 0
 smooth_loss = 0.0
 next_log = 0.0
+pending = (x, y)  # the compile probe's batch trains first
 while True:
     accel.synchronize()
     t0 = time.time()
     for _ in range(grad_accum):
+        batch, pending = pending or next(batches, None), None
+        if batch is None:  # the budget is spent: a partial step is dropped
+            break
+        x, y = batch
         with accel.autocast():
             loss = train_model(x, y)
         (loss / grad_accum).backward()
-        x, y = next(train_iter)
-    progress = step / max_steps if max_steps else min(train_time / budget, 1.0)
-    lrm = lr_multiplier(progress)
-    ramp = min(step / MUON_MOMENTUM_RAMP, 1.0)
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] * lrm
-    for group in muon.param_groups:
-        group["momentum"] = (1 - ramp) * MUON_MOMENTUM_START + ramp * MUON_MOMENTUM
-        group["weight_decay"] = WEIGHT_DECAY * (1 - progress)
-    for opt in optimizers:
-        opt.step()
-    model.zero_grad(set_to_none=True)
-    train_loss = loss.item()
-    if not math.isfinite(train_loss) or train_loss > 100:  # ln(vocab) is ~9: 100 means diverged
-        what = f"exploded to {train_loss:.1f}" if math.isfinite(train_loss) else f"is {train_loss}"
-        print(f"FAIL: loss {what} at step {step}")
-        sys.exit(1)
-    accel.synchronize()
-    dt = time.time() - t0
-    if step >= accel.warmup_steps:
-        train_time += dt
-        timed_tokens += TOTAL_BATCH_SIZE
-    step += 1
-    smooth_loss = 0.9 * smooth_loss + 0.1 * train_loss
-    if progress >= next_log or step == 1:
-        next_log = progress + 0.05
-        tok_s = TOTAL_BATCH_SIZE / dt
-        mfu = f"{100 * flops_per_token * tok_s / accel.peak_flops:.1f}%" if accel.peak_flops else "n/a"
-        print(
-            f"step {step:05d} ({100 * progress:.0f}%) | loss {smooth_loss / (1 - 0.9**step):.4f} | "
-            f"lrm {lrm:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s | mfu {mfu}",
-            flush=True,
-        )
-    if max_steps and step >= max_steps:
-        break
-    if not max_steps and step > accel.warmup_steps and train_time >= budget:
-        break
+    else:
+        progress = batches.progress
+        lrm = lr_multiplier(progress)
+        ramp = min(step / MUON_MOMENTUM_RAMP, 1.0)
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * lrm
+        for group in muon.param_groups:
+            group["momentum"] = (1 - ramp) * MUON_MOMENTUM_START + ramp * MUON_MOMENTUM
+            group["weight_decay"] = WEIGHT_DECAY * (1 - progress)
+        for opt in optimizers:
+            opt.step()
+        batches.step()
+        train_loss = loss.item()
+        if not math.isfinite(train_loss) or train_loss > 100:  # ln(vocab) is ~9: 100 means diverged
+            what = f"exploded to {train_loss:.1f}" if math.isfinite(train_loss) else f"is {train_loss}"
+            print(f"FAIL: loss {what} at step {step}")
+            sys.exit(1)
+        step += 1
+        dt = time.time() - t0
+        smooth_loss = 0.9 * smooth_loss + 0.1 * train_loss
+        if progress >= next_log or step == 1:
+            next_log = progress + 0.05
+            tok_s = TOTAL_BATCH_SIZE / dt
+            mfu = f"{100 * flops_per_token * tok_s / accel.peak_flops:.1f}%" if accel.peak_flops else "n/a"
+            print(
+                f"step {step:05d} ({100 * progress:.0f}%) | loss {smooth_loss / (1 - 0.9**step):.4f} | "
+                f"lrm {lrm:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s | mfu {mfu}",
+                flush=True,
+            )
+        model.zero_grad(set_to_none=True)
+        continue
+    break
 
 # ---------------------------------------------------------------------------
-# Evaluation (the harness computes val_bpb from the logits) and the summary block
+# Hand the model to the harness (it measures val_bpb apart from this file) and print the summary.
+# Inside the fleet the harness-owned keys (val_bpb, training_seconds, data_fingerprint, status) come
+# from the harness's scorer; by hand, `hand_in` runs that scorer and returns its result.
 
-result = None
+clock = batches.figures()
+score = None
 if os.environ.get("NIGHTLAB_SKIP_EVAL") != "1":
-    result = evaluate(
-        train_model, profile, batch_size=DEVICE_BATCH_SIZE, device=accel.device, autocast=accel.autocast
-    )
-    if result.val_bpb is not None and not math.isfinite(result.val_bpb):
-        print(f"FAIL: val_bpb is {result.val_bpb} after step {step}")
+    score = hand_in(model, batches).score
+    if score and score.get("val_bpb") is not None and not math.isfinite(score["val_bpb"]):
+        print(f"FAIL: val_bpb is {score['val_bpb']} after step {step}")
         sys.exit(1)
 
 total_seconds = time.time() - t_start
-eval_seconds = result.seconds if result else 0.0
+train_time = clock.training_seconds
+timed_tokens = (clock.steps - clock.warmup_steps) * TOTAL_BATCH_SIZE
+eval_seconds = score["eval_seconds"] if score else 0.0
 tok_per_sec = timed_tokens / train_time if train_time > 0 else 0.0
 summary = {}
-if result and result.val_bpb is not None:
-    summary["val_bpb"] = f"{result.val_bpb:.6f}"
+if score and score.get("val_bpb") is not None:
+    summary["val_bpb"] = f"{score['val_bpb']:.6f}"
 summary.update(
     training_seconds=f"{train_time:.1f}",
     total_seconds=f"{total_seconds:.1f}",
@@ -503,13 +507,14 @@ summary.update(
     peak_tflops=f"{accel.peak_flops / 1e12:.1f}" if accel.peak_flops else "n/a",
     attention=accel.attention_backend,
     compile="on" if compiled else "off",
-    startup_seconds=f"{total_seconds - train_time - eval_seconds:.1f}",
+    startup_seconds=f"{total_seconds - train_time - clock.warmup_seconds - eval_seconds:.1f}",
     eval_seconds=f"{eval_seconds:.1f}",
+    warmup_seconds=f"{clock.warmup_seconds:.1f}",
     data_fingerprint=manifest["fingerprint"],
 )
-if result and result.invalid_reason:  # e.g. not causal: the fleet records the run as `invalid`
-    print(f"invalid: {result.invalid_reason}", file=sys.stderr)
-    summary.update(status="invalid", invalid_reason=result.invalid_reason)
+if score and score.get("invalid_reason"):  # e.g. not causal: the fleet records the run as `invalid`
+    print(f"invalid: {score['invalid_reason']}", file=sys.stderr)
+    summary.update(status="invalid", invalid_reason=score["invalid_reason"])
 print("---")
 for key, value in summary.items():
     print(f"{key + ':':<18}{value}")

@@ -1,0 +1,132 @@
+"""The training sandbox: what a built-in-target run's train.py can read and write.
+
+Mechanism: bubblewrap (`bwrap`, Debian/Ubuntu package `bubblewrap`, the sandbox Flatpak is built
+on). Chosen over Landlock because (1) it comes from the distribution, not from a young Python
+binding (the PyPI `landlock` package was at 1.0.0.dev5 when this was written); (2) mount
+namespaces *hide* paths (a tmpfs over the data root, /dev/null over the validation files) where
+Landlock can only allow-list whole trees, which would mean enumerating every path Python, torch
+and CUDA need; (3) a PID namespace with `--die-with-parent` ends every process the run started,
+so nothing it spawned outlives it to rewrite the result; (4) it wraps any command, not only
+Python. Checked on this project's dev container (Debian 12, bwrap 0.8.0, running as root) and it
+works there; where it cannot start (no user namespaces for an unprivileged user, no bwrap) the
+run goes on unsandboxed and is flagged `unsandboxed`.
+
+Inside the sandbox:
+- everything is read-only (`--ro-bind / /`): the installed nightlab package, the lab, its git;
+- the data root is replaced by an empty tmpfs, and only the profile's training files (manifest,
+  tokenizer, train.*) are bound back, read-only; the validation files read as empty;
+- the lab's `.nightlab/` is an empty tmpfs: no ledger, no other attempt, no supervisor result;
+  only this attempt's `work/` (the snapshot) and `handoff/` (where the model goes) are writable;
+- /tmp is private, except the compile caches torch needs (inductor, triton), bound writable;
+- a new PID namespace and session: the supervisor is not visible, and cannot be signalled.
+
+Usage:
+    argv, mode = wrap(["/bin/sh", "-c", cmd], plan=SandboxPlan(...))   # mode "bwrap" | "none"
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["INSTALL_HINT", "SandboxPlan", "available", "wrap"]
+
+INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`) to sandbox runs"
+_TRAIN_FILES = ("manifest.json", "tokenizer.tiktoken", "train.tokens.bin", "train.offsets.bin")
+_HIDDEN_FILES = ("val.tokens.bin", "val.offsets.bin")
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """What one attempt's sandbox exposes.
+
+    Attributes:
+        data_dir: the profile's prepared data (training files exposed, validation hidden).
+        data_root: the folder of every profile's data and raw downloads (hidden entirely).
+        lab_dir: the lab; its `.nightlab/` is hidden.
+        writable: the folders the run may write (its work and handoff folders), created if missing.
+    """
+
+    data_dir: Path
+    data_root: Path
+    lab_dir: Path
+    writable: tuple[Path, ...]
+    caches: tuple[Path, ...] = field(default_factory=tuple)
+
+
+def default_caches() -> tuple[Path, ...]:
+    """The compile caches a run may write: torch inductor's, triton's (created if missing)."""
+    user = getpass.getuser()
+    inductor = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{user}")
+    triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton")
+    return inductor, triton
+
+
+@functools.cache
+def available() -> str | None:
+    """None when bwrap can start a sandbox here, else why not (one line)."""
+    if os.environ.get("NIGHTLAB_NO_SANDBOX") == "1":
+        return "NIGHTLAB_NO_SANDBOX=1"
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bwrap not found; " + INSTALL_HINT
+    try:
+        probe = subprocess.run(
+            [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap failed to start ({e})"
+    if probe.returncode != 0:
+        first = (probe.stderr.strip().splitlines() or ["no output"])[0]
+        return f"bwrap cannot create a sandbox here ({first}); allow user namespaces or run as root"
+    return None
+
+
+def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
+    """The command line that runs `argv` in the sandbox, and the mode: "bwrap", or "none".
+
+    The writable folders and caches are created here, so the bind mounts find them.
+    """
+    if available() is not None:
+        return argv, "none"
+    # the host's /dev, not bwrap's minimal one: CUDA and ROCm need /dev/nvidia*, /dev/kfd, /dev/dri
+    args = [
+        shutil.which("bwrap") or "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev-bind",
+        "/dev",
+        "/dev",
+        "--proc",
+        "/proc",
+    ]
+    args += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+    for cache in plan.caches:
+        cache.mkdir(parents=True, exist_ok=True)
+        args += ["--bind", str(cache), str(cache)]
+    for hidden in {plan.data_root, plan.data_dir.parent}:
+        if hidden.exists():
+            args += ["--tmpfs", str(hidden)]
+    for name in _TRAIN_FILES:
+        path = plan.data_dir / name
+        if path.exists():
+            args += ["--ro-bind", str(path), str(path)]
+    for name in _HIDDEN_FILES:  # present but empty: the loader says "truncated", nothing leaks
+        if (plan.data_dir / name).exists():  # bwrap cannot create a mount point in the read-only root
+            args += ["--ro-bind", "/dev/null", str(plan.data_dir / name)]
+    nightlab_dir = plan.lab_dir / ".nightlab"
+    if nightlab_dir.exists():
+        args += ["--tmpfs", str(nightlab_dir)]
+    for folder in plan.writable:
+        folder.mkdir(parents=True, exist_ok=True)
+        args += ["--bind", str(folder), str(folder)]
+    return [*args, "--chdir", os.getcwd(), "--", *argv], "bwrap"

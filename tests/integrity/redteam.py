@@ -1,0 +1,175 @@
+"""The red-team kit (fixtures in conftest.py): run a hostile train.py exactly as the fleet does, and record it as the controller does.
+
+`attack(source)` lays out an attempt the way the local backend does (`LAB/.nightlab/runs/e0001/
+attempt-1/work/` holding the snapshot), starts the real supervisor
+(`python -P -m nightlab.harness.attempt ... -- python train.py`, sandboxed when bwrap works here),
+and then makes of its exit code, log and `score.json` what the controller's `_record` makes
+(`runner.classify`, then `owned.apply_score`). A tiny profile (demo data, 64-token rows, a 2 s
+budget, 4 steps) keeps each attack to one short run. Every process a test starts is killed by its
+process-group id when the test ends, pass or fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nightlab.fleet.runner import classify, read_tail
+from nightlab.harness.attempt import ISOLATED
+from nightlab.harness.data import prepare
+from nightlab.harness.owned import apply_score, read_score
+from nightlab.harness.profiles import Profile, fingerprint
+from nightlab.harness.sandbox import available
+from nightlab.search.knobs import set_knobs
+
+PROFILE = Profile("redteam", "demo", vocab_size=512, seq_len=64, budget_seconds=2.0, eval_tokens=4096)
+TINY = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "4", "TOTAL_BATCH_SIZE": "256"}
+SANDBOXED = available() is None
+needs_sandbox = pytest.mark.skipif(not SANDBOXED, reason=f"no sandbox here: {available()}")
+
+
+def template() -> str:
+    source = resources.files("nightlab.targets.gpt").joinpath("train.py").read_text()
+    return set_knobs(source, TINY)
+
+
+def edit(source: str, anchor: str, replacement: str) -> str:
+    """Replace one anchor of the template; fails loudly when the template moved on."""
+    assert source.count(anchor) == 1, f"anchor not found once in the template: {anchor!r}"
+    return source.replace(anchor, replacement)
+
+
+@dataclass
+class Recorded:
+    outcome: str
+    detail: str | None
+    metrics: dict[str, Any]
+    log: str
+    work: Path
+    run_dir: Path
+
+    @property
+    def val_bpb(self) -> float | None:
+        value = self.metrics.get("val_bpb")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("redteam-data")
+    prepare(PROFILE, data_dir=root / fingerprint(PROFILE), progress=False)
+    (root / "downloads").mkdir(exist_ok=True)
+    (root / "downloads" / "raw-val.txt").write_text("raw validation text a run must not read\n")
+    return root
+
+
+def _lab(folder: Path) -> Path:
+    toml = "\n".join(
+        f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+        for k, v in PROFILE.to_dict().items()
+        if k != "train_defaults"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "nightlab.toml").write_text("[profile]\n" + toml + "\n")
+    return folder
+
+
+def run_attempt(
+    base: Path,
+    data_root: Path,
+    source: str,
+    started: list[int],
+    *,
+    env: dict[str, str] | None = None,
+    sandbox: bool = True,
+    timeout: float = 240,
+) -> Recorded:
+    """Lay out one attempt under `base`, supervise it, and record it as the controller would."""
+    lab = _lab(base / f"lab{len(started)}")
+    run_dir = lab / ".nightlab" / "runs" / "e0001" / "attempt-1"
+    work = run_dir / "work"
+    work.mkdir(parents=True)
+    (work / "train.py").write_text(source)
+    (work / "nightlab.toml").write_text((lab / "nightlab.toml").read_text())
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
+    full_env.update(
+        NIGHTLAB_DATA_DIR=str(data_root),
+        NIGHTLAB_SEED="0",
+        NIGHTLAB_LAB=str(lab),
+        NIGHTLAB_MAX_STEPS="4",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if not sandbox:
+        full_env["NIGHTLAB_NO_SANDBOX"] = "1"
+    full_env.update(env or {})
+    full_env = {k: v for k, v in full_env.items() if v != ""}  # "" removes a variable
+    command = [sys.executable, *ISOLATED, "-m", "nightlab.harness.attempt", "--run-dir", str(run_dir),
+               "--lab", str(lab), "--", f"{sys.executable} train.py"]  # fmt: skip
+    log_path = run_dir / "log.txt"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=work, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        started.append(proc.pid)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            kill_group(proc.pid)
+    tail = read_tail(log_path)
+    result = classify(code, tail, metric="val_bpb", expected_fingerprint=fingerprint(PROFILE))
+    outcome, detail, metrics = apply_score(
+        result.outcome, result.detail, result.metrics, read_score(run_dir), metric="val_bpb"
+    )
+    return Recorded(outcome, detail, metrics, tail, work, run_dir)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture
+def attack(tmp_path: Path, data_root: Path):
+    """Factory: `attack(source, env=..., sandbox=True)` -> Recorded (see the module docstring)."""
+    started: list[int] = []
+
+    def run(source: str, **kwargs: Any) -> Recorded:
+        return run_attempt(tmp_path, data_root, source, started, **kwargs)
+
+    yield run
+    for pid in started:
+        kill_group(pid)
+
+
+@pytest.fixture(scope="session")
+def honest(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Recorded:
+    """The unmodified template's recorded result: what every attack must not beat."""
+    started: list[int] = []
+    try:
+        result = run_attempt(tmp_path_factory.mktemp("honest"), data_root, template(), started)
+    finally:
+        for pid in started:
+            kill_group(pid)
+    assert result.outcome == "ok", result.log[-3000:]
+    return result
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
