@@ -176,6 +176,7 @@ def test_the_clock_stops_at_the_budget_after_a_capped_warm_up(monkeypatch):
     fake2.now += 30.0  # a first step (compile) far longer than the cap: it counts from the cap on
     c.step()
     assert c.figures().warmup_seconds == 2.5
+    assert c.figures().warmup_steps == 0  # the step across the cap is a timed one
 
 
 def test_apply_score_takes_the_owned_keys_from_the_harness_only():

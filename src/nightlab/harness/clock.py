@@ -109,11 +109,13 @@ class TrainingClock:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _end_warmup(self, now: float) -> None:
+    def _end_warmup(self, now: float, *, straddled: bool = False) -> None:
         if self._timed_from is None and self._first is not None:
-            # never more than the cap untimed: a slow first step counts past the cap
+            # never more than the cap untimed: a slow first step counts past the cap, and a step
+            # that ran across the cap is a timed step (its tokens count with its timed part)
+            capped = now >= self._first + self._warmup_cap
             self._timed_from = min(now, self._first + self._warmup_cap)
-            self._steps_at_warmup = self._steps
+            self._steps_at_warmup = self._steps - (1 if straddled and capped else 0)
 
     def __next__(self) -> Any:
         now = self._now()
@@ -139,7 +141,7 @@ class TrainingClock:
         if self._timed_from is None and self._first is not None:
             now = self._now()
             if self._steps >= self._warmup_steps or now - self._first >= self._warmup_cap:
-                self._end_warmup(now)
+                self._end_warmup(now, straddled=True)
 
     @property
     def progress(self) -> float:
