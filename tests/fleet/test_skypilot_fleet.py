@@ -480,8 +480,17 @@ def test_fleet_up_status_report_down(sky_lab, fake, capsys):
     assert set(clusters) == {"h100-k8s-0", "h100-k8s-1", "h200-sky-0", "h200-sky-1"}
     assert clusters["h200-sky-0"]["state"] == "up" and clusters["h200-sky-0"]["hourly_price"] == 3.79
     assert clusters["h200-sky-0"]["cost"] > 0 and clusters["h200-sky-0"]["training_seconds"] > 0
+    # which nightlab (version + code hash) and torch each cluster runs, from its probe after set-up
+    from importlib.metadata import version
+
+    from nightlab.fleet.build import code_hash
+
+    mine = code_hash()
+    assert clusters["h200-sky-0"]["nightlab_code"] == mine and clusters["h200-sky-0"]["nightlab_version"]
+    assert clusters["h200-sky-0"]["torch_version"] == version("torch")
     code, out, _ = cli(capsys, "fleet", "status", "--lab", str(lab))
     assert "clusters (SkyPilot):" in out and "$3.79/h" in out
+    assert f"nightlab {clusters['h200-sky-0']['nightlab_version']} ({mine}), torch {version('torch')}" in out
 
     code, out, _ = cli(capsys, "report", "--lab", str(lab), "--no-plot")
     costs = (lab / "costs.md").read_text()
@@ -625,3 +634,26 @@ def test_an_api_server_hiccup_does_not_lose_the_run(sky_lab, fake, monkeypatch):
     assert ended.lost and "job status unreadable" in ended.detail
     backend.close()
     fake.fail_status(0)
+
+
+def test_a_result_from_a_worker_running_other_nightlab_code_is_invalid(sky_lab, fake, tmp_path):
+    import shutil
+
+    from nightlab.fleet.build import code_hash, package_dir
+
+    lab = sky_lab()
+    # the cluster imports another nightlab than the controller's: a copy with one more file
+    other = tmp_path / "other"
+    shutil.copytree(package_dir(), other / "nightlab", ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "nightlab" / "patched.py").write_text("# not the controller's code\n")
+    from nightlab.fleet.sky_task import worker_yaml
+
+    yaml = worker_yaml(lab)
+    yaml.write_text(yaml.read_text().replace("envs:\n", f"envs:\n  PYTHONPATH: {other}\n"))
+    eid = submit(lab, "other code", "h200")
+    with ControllerThread(lab):
+        exps = finished(lab, [eid])
+    theirs, mine = code_hash(other / "nightlab"), code_hash()
+    assert exps[eid].outcome == "invalid", exps[eid].detail
+    assert f"`{theirs}`" in exps[eid].detail and f"`{mine}`" in exps[eid].detail
+    assert exps[eid].metrics["nightlab_code"] == theirs  # every result carries the worker's hash

@@ -7,8 +7,10 @@ with the envs `experiment_task` gives it, as it would on a cluster.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ sky = pytest.importorskip("sky")
 from nightlab import __version__  # noqa: E402
 from nightlab.config import PoolConfig  # noqa: E402
 from nightlab.errors import NightlabError, UsageError  # noqa: E402
-from nightlab.fleet import sky_task  # noqa: E402
+from nightlab.fleet import build, sky_task  # noqa: E402
 from nightlab.fleet.backend import RunSpec  # noqa: E402
 from nightlab.fleet.runner import classify, parse_summary  # noqa: E402
 from nightlab.snapshots import commit_files, head  # noqa: E402
@@ -90,7 +92,7 @@ def test_cluster_task_reads_the_editable_yaml(tmp_path):
     lab = tmp_path / "lab"
     lab.mkdir()
     path = sky_task.worker_yaml(lab)
-    assert "NIGHTLAB_PIP_SPEC: nightlab==" in path.read_text() and "{version}" not in path.read_text()
+    assert "\n  NIGHTLAB_PIP_SPEC:" not in path.read_text()  # only a commented-out override
     path.write_text(path.read_text().replace("disk_size: 100", "disk_size: 256\n  use_spot: false"))
     spot = PoolConfig(
         backend="skypilot", tier="h100", slots=1, options={"accelerators": "H100:8", "use_spot": True}
@@ -100,10 +102,118 @@ def test_cluster_task_reads_the_editable_yaml(tmp_path):
     assert (res.accelerators, res.use_spot, res.disk_size) == ({"H100": 8}, True, 256)
     assert task.name == "nl-abc123-h100-sky-0"
     assert task.workdir == str(lab.resolve())
+    assert task.envs["NIGHTLAB_BUILTIN"] == "1"
+    assert task.envs["NIGHTLAB_PIP_SPEC"] == f"~/.nightlab/wheel/nightlab-{__version__}-py3-none-any.whl"
+    assert "nightlab-gpu:" in task.run and "nightlab.fleet.build probe" in task.run
+
+
+# ---------------------------------------------------------------------------- the controller's own build
+
+
+def _shipped(task) -> Path:
+    (remote,) = [r for r in task.file_mounts if r.startswith(sky_task.REMOTE_WHEEL_DIR)]
+    assert task.envs["NIGHTLAB_PIP_SPEC"] == remote
+    return Path(task.file_mounts[remote])
+
+
+def _unpacked_code(wheel: Path, into: Path) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(into)
+    return build.code_hash(into / "nightlab")
+
+
+def test_a_checkout_install_ships_a_wheel_of_the_running_code(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    assert build.install_source() == "checkout"  # the test venv installs nightlab editable
+    task = sky_task.cluster_task(lab, H100, cluster="c", builtin=False)
+    wheel = _shipped(task)
     assert (
-        task.envs["NIGHTLAB_BUILTIN"] == "1" and task.envs["NIGHTLAB_PIP_SPEC"] == f"nightlab=={__version__}"
+        wheel.parent == lab / sky_task.WHEEL_DIR and wheel.name == f"nightlab-{__version__}-py3-none-any.whl"
     )
-    assert "nightlab-gpu:" in task.run
+    assert task.envs["NIGHTLAB_WHEEL_SHA256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # what the worker imports after installing it hashes like what this process imports
+    assert _unpacked_code(wheel, tmp_path / "unpacked") == build.code_hash()
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert f"nightlab-{__version__}.dist-info/METADATA" in names and "nightlab/fleet/build.py" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    meta = zipfile.ZipFile(wheel).read(f"nightlab-{__version__}.dist-info/METADATA").decode()
+    assert "Requires-Dist: torch==2.13.0" in meta  # the cluster's torch is pinned like the controller's
+    # the same code packs to the same bytes: a relaunch ships (and hashes) the same file
+    again = build.build_wheel(tmp_path / "again")
+    assert again.sha256 == task.envs["NIGHTLAB_WHEEL_SHA256"]
+
+
+def test_a_wheel_install_ships_a_wheel_of_the_running_code(tmp_path):
+    first = build.build_wheel(tmp_path / "dist")
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(first.path)],
+        check=True,
+        capture_output=True,
+    )
+    # a controller that runs from that wheel install (its site dir first on the path)
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from nightlab.config import PoolConfig\n"
+        "from nightlab.fleet import build, sky_task\n"
+        "pool = PoolConfig(backend='skypilot', tier='cpu', slots=1, options={'infra': 'slurm'})\n"
+        "task = sky_task.cluster_task(Path(sys.argv[1]), pool, cluster='c', builtin=False)\n"
+        "print(json.dumps({'source': build.install_source(), 'package': str(build.package_dir()),\n"
+        "    'mounts': task.file_mounts, 'envs': task.envs}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(lab)], env=env, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["source"] == "wheel" and got["package"].startswith(str(target))
+    shipped = Path(got["mounts"][got["envs"]["NIGHTLAB_PIP_SPEC"]])
+    assert got["envs"]["NIGHTLAB_WHEEL_SHA256"] == hashlib.sha256(shipped.read_bytes()).hexdigest()
+    # the installed wheel repacks to the very file it came from
+    assert got["envs"]["NIGHTLAB_WHEEL_SHA256"] == first.sha256
+    assert _unpacked_code(shipped, tmp_path / "unpacked") == first.code == build.code_hash()
+
+
+def test_an_explicit_pip_spec_overrides_the_shipped_wheel(tmp_path, caplog):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    path = sky_task.worker_yaml(lab)
+    spec = "git+https://github.com/example/nightlab@0123abc"
+    path.write_text(path.read_text().replace("envs:\n", f"envs:\n  NIGHTLAB_PIP_SPEC: {spec}\n"))
+    task = sky_task.cluster_task(lab, H100, cluster="c", builtin=False)
+    assert task.envs["NIGHTLAB_PIP_SPEC"] == spec and not task.file_mounts
+    assert "not the controller's own build" in caplog.text
+    # the default of earlier templates names a release that does not exist: the wheel ships instead
+    path.write_text(path.read_text().replace(spec, f"nightlab=={__version__}"))
+    task = sky_task.cluster_task(lab, H100, cluster="c", builtin=False)
+    assert _shipped(task).exists()
+
+
+def test_a_worker_running_other_code_is_invalid_naming_both_hashes():
+    log = "---\nval_bpb: 1.0\n"
+    ok = classify(0, log, metric="val_bpb", code="aaaa", expected_code="aaaa")
+    assert ok.outcome == "ok"
+    bad = classify(0, log, metric="val_bpb", code="bbbb", expected_code="aaaa")
+    assert bad.outcome == "invalid"
+    assert "`bbbb`" in bad.detail and "`aaaa`" in bad.detail and "fleet up --relaunch" in bad.detail
+    assert (
+        classify(
+            1,
+            "Traceback (most recent call last):\nValueError: x\n",
+            metric="val_bpb",
+            code="bbbb",
+            expected_code="aaaa",
+        ).outcome
+        == "invalid"
+    )
 
 
 def test_broken_yaml_is_a_usage_error(tmp_path):
@@ -167,7 +277,7 @@ def test_the_snapshot_travels_inside_the_job_byte_identical(tmp_path):
     text, tags = sky_task.clean_job_log(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert digest in text and "hi\n" in text and f"{home}/sky_workdir" in text
-    assert tags == {"gpu": "none", "exit": "0"}
+    assert tags == {"gpu": "none", "exit": "0", "code": "none"}  # no nightlab venv in this home
     assert not (home / "nightlab" / "runs" / "e0007-a2").exists()  # the run cleans up after itself
 
 

@@ -95,9 +95,14 @@ def print_state(state: dict) -> None:
         for k in state["clusters"]:
             price = "-" if k["hourly_price"] is None else f"${k['hourly_price']:.2f}/h"
             cost = "-" if k["cost"] is None else f"${k['cost']:.2f}"
+            software = (
+                f"nightlab {k['nightlab_version']} ({k['nightlab_code']}), torch {k['torch_version'] or '-'}"
+                if k.get("nightlab_version")
+                else "nightlab -"
+            )
             out.print(
                 f"  {k['worker']:<14} {k['cluster'] or '-':<24} {k['state']:<9} "
-                f"{current.get(k['worker']) or '-':<6} {price:>9}  {cost} so far"
+                f"{current.get(k['worker']) or '-':<6} {price:>9}  {cost} so far  {software}"
             )
     out.print(f"running: {len(state['running'])}")
     for r in state["running"]:

@@ -50,6 +50,7 @@ class RunExit:
     exit_code: int | None
     lost: bool = False
     detail: str | None = None
+    code: str | None = None  # code hash of the nightlab a remote worker ran (`fleet/build.py`)
 
 
 class BaseBackend(abc.ABC):

@@ -125,6 +125,7 @@ class Controller:
             from nightlab.harness.attempt import record_digests
 
             self._digests = record_digests(lab_dir)
+        self._code: str | None = None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -181,6 +182,14 @@ class Controller:
         self.ledger.release_controller(self.pid)
 
     # ------------------------------------------------------------------ helpers
+
+    def _expected_code(self) -> str:
+        """The code hash of this controller's nightlab (what remote workers must report)."""
+        if self._code is None:
+            from nightlab.fleet.build import code_hash
+
+            self._code = code_hash()
+        return self._code
 
     def _backend(self, slot: WorkerSlot) -> BaseBackend:
         return self.backends[slot.backend]
@@ -298,6 +307,8 @@ class Controller:
                 lost=ended.lost,
                 expected_fingerprint=self._fingerprint,
                 max_training_seconds=self._max_training,
+                code=ended.code,
+                expected_code=self._expected_code() if ended.code else None,
             )
             # for an infra end the backend knows best what happened (e.g. which cluster went down)
             first, second = (

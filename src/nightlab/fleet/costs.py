@@ -62,6 +62,9 @@ class WorkerCost:
     state: str  # launching | up | failed | lost | down | autostopped
     hourly_price: float | None
     gpu_name: str | None
+    nightlab_version: str | None = None  # what the cluster's set-up installed (probe after set-up)
+    nightlab_code: str | None = None
+    torch_version: str | None = None
     held_seconds: float = 0.0
     setup_seconds: float = 0.0
     busy_seconds: float = 0.0
@@ -123,6 +126,9 @@ def worker_costs(
         elif e.kind == "cluster-up":
             w.hourly_price = e.data.get("hourly_price", w.hourly_price)
             w.gpu_name = e.data.get("gpu_name") or w.gpu_name
+            w.nightlab_version = e.data.get("nightlab_version") or w.nightlab_version
+            w.nightlab_code = e.data.get("nightlab_code") or w.nightlab_code
+            w.torch_version = e.data.get("torch_version") or w.torch_version
             autostop[w.worker] = 60.0 * float(e.data.get("autostop_minutes", 10))
             start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
             w.setup_seconds += _clip(start, e.ts, since, until)

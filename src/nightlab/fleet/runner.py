@@ -12,7 +12,8 @@ hours), so only the tail is ever read into memory. Classes of ending:
     crash:no-summary   exited 0 (or with an unexplained code) without a usable summary
     timeout            the hard time limit was reached and the process group killed
     infra              the process was killed from outside or vanished: retried elsewhere
-    invalid            the run says its result cannot be trusted (causality probe, data fingerprint)
+    invalid            the run says its result cannot be trusted (causality probe, data fingerprint),
+                       or a remote worker ran other nightlab code than the controller's
 
 stdlib only: the controller imports this on its hot path.
 """
@@ -157,6 +158,8 @@ def classify(
     lost: bool = False,
     expected_fingerprint: str | None = None,
     max_training_seconds: float | None = None,
+    code: str | None = None,
+    expected_code: str | None = None,
 ) -> Outcome:
     """Classify one attempt from its exit code and the tail of its log.
 
@@ -170,8 +173,18 @@ def classify(
         expected_fingerprint: the lab's data fingerprint; a different one is `invalid`.
         max_training_seconds: a run that reports more training time than this is `invalid`
             (the budget is the lab's, not the run's to choose).
+        code, expected_code: the code hash of the nightlab the worker ran and the
+            controller's; when both are known and differ, the run is `invalid` whatever its
+            end (its harness is not the one the controller verified).
     """
     summary = parse_summary(log_text) or {}
+    if code and expected_code and code != expected_code:
+        return Outcome(
+            "invalid",
+            f"the worker ran nightlab `{code}`, the controller runs `{expected_code}`; "
+            "run `nightlab fleet up --relaunch` to ship the controller's build",
+            summary,
+        )
     if timed_out:
         return Outcome("timeout", "hard time limit reached; the process group was killed", summary)
     lines = clean_lines(log_text)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
 import re
 import threading
@@ -38,12 +39,18 @@ from nightlab import __version__
 from nightlab.config import PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import RunSpec
+from nightlab.fleet.build import Wheel, build_wheel
 from nightlab.snapshots import git
 
 if TYPE_CHECKING:
     import sky
 
+log = logging.getLogger("nightlab.skypilot")
+
 WORKER_YAML_PATH = Path("fleet") / "skypilot.yaml"
+WHEEL_DIR = Path(".nightlab") / "fleet" / "wheel"  # the controller's own build, in the lab
+# where each cluster receives that wheel (`~` is the cluster's home; set-up expands it)
+REMOTE_WHEEL_DIR = "~/.nightlab/wheel"
 PAYLOAD_CHUNK = 96 * 1024  # bytes of base64 per variable, under MAX_ARG_STRLEN (128 KiB)
 PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 MiB on Linux)
 # The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
@@ -74,16 +81,24 @@ resources:
 workdir: .
 
 envs:
-  # what `pip install` gets: the controller's own version by default; or a git URL, a wheel
-  NIGHTLAB_PIP_SPEC: nightlab=={version}
   NIGHTLAB_VENV: ~/nightlab-venv
+  # nightlab itself: by default `fleet up` ships a wheel of the controller's own nightlab
+  # (file_mounts) and points NIGHTLAB_PIP_SPEC at it. Set it here only to install something
+  # else on purpose (a git URL, a wheel path, a released version). WARNING: whatever it
+  # installs runs next to your cloud credentials, and a result from code whose hash differs
+  # from the controller's is `invalid`; never name a package you have not checked.
+  # NIGHTLAB_PIP_SPEC: git+https://github.com/you/nightlab@<commit>
 
 setup: |
   set -e
   python3 -m venv "${NIGHTLAB_VENV/#\\~/$HOME}"
   . "${NIGHTLAB_VENV/#\\~/$HOME}/bin/activate"
   pip install -q --upgrade pip
-  pip install -q "$NIGHTLAB_PIP_SPEC"
+  # nightlab with its dependencies (torch pinned to the controller's), then this exact
+  # build again: a cluster set up before may hold other code under the same version
+  spec="${NIGHTLAB_PIP_SPEC/#\\~/$HOME}"
+  pip install -q "$spec"
+  pip install -q --no-deps --force-reinstall "$spec"
   if [ -f requirements.txt ]; then pip install -q -r requirements.txt; fi
   # The data, tokenizer and validation shard the lab measures with, built from the lab's
   # profile; every result's data fingerprint is checked against the lab's.
@@ -93,6 +108,7 @@ setup: |
 
 run: |
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/nightlab-gpu: /'
+  "${NIGHTLAB_VENV/#\\~/$HOME}/bin/python" -m nightlab.fleet.build probe
 """
 
 # The per-experiment run. It never touches the shared workdir: the snapshot comes out of
@@ -100,6 +116,8 @@ run: |
 RUN_SCRIPT = r"""set -u
 venv="${NIGHTLAB_VENV:-$HOME/nightlab-venv}"; venv="${venv/#\~/$HOME}"
 if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
+# the code hash of the nightlab this run imports: a result from other code is `invalid`
+echo "nightlab-code: $(python -m nightlab.fleet.build hash 2>/dev/null || echo none)"
 export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
 run_dir="$HOME/nightlab/runs/$NIGHTLAB_RUN"
 rm -rf "$run_dir" && mkdir -p "$run_dir"
@@ -159,7 +177,7 @@ def worker_yaml(lab_dir: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         # launches run on several threads: the file must appear whole or not at all
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(WORKER_YAML.replace("{version}", __version__))
+        tmp.write_text(WORKER_YAML)
         os.replace(tmp, path)
     return path
 
@@ -186,8 +204,28 @@ def _resources(doc: dict[str, Any], pool: PoolConfig) -> dict[str, Any]:
     return res
 
 
-def cluster_task(lab_dir: Path, pool: PoolConfig, *, cluster: str, builtin: bool) -> sky.Task:
-    """The task `sky.launch` runs once per worker cluster: set-up plus a GPU probe."""
+def pip_override(doc: dict[str, Any]) -> str | None:
+    """The worker YAML's explicit `NIGHTLAB_PIP_SPEC`, or None when the controller ships its wheel.
+
+    `nightlab==<this version>` is what earlier templates wrote by default: no such release
+    exists, so it is no choice of the user's and the wheel is shipped instead.
+    """
+    spec = str((doc.get("envs") or {}).get("NIGHTLAB_PIP_SPEC") or "").strip()
+    if not spec or spec == f"nightlab=={__version__}":
+        return None
+    return spec
+
+
+def cluster_task(
+    lab_dir: Path, pool: PoolConfig, *, cluster: str, builtin: bool, wheel: Wheel | None = None
+) -> sky.Task:
+    """The task `sky.launch` runs once per worker cluster: set-up plus a GPU and version probe.
+
+    Args:
+        wheel: the controller's own nightlab (`build.build_wheel`), shipped as a file mount
+            to `REMOTE_WHEEL_DIR` and installed by set-up; built here when None, unless
+            the worker YAML sets `NIGHTLAB_PIP_SPEC` on purpose.
+    """
     sky = _sky()
     doc = load_worker_config(lab_dir)
     doc["name"] = cluster
@@ -197,6 +235,18 @@ def cluster_task(lab_dir: Path, pool: PoolConfig, *, cluster: str, builtin: bool
         doc["workdir"] = str((lab_dir / workdir).resolve())  # relative to the lab
     envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
     envs.update({"NIGHTLAB_TIER": pool.tier, "NIGHTLAB_BUILTIN": "1" if builtin else "0"})
+    override = pip_override(doc)
+    if override is None:
+        wheel = wheel or build_wheel(lab_dir / WHEEL_DIR)
+        remote = f"{REMOTE_WHEEL_DIR}/{wheel.path.name}"
+        doc["file_mounts"] = {**(doc.get("file_mounts") or {}), remote: str(wheel.path)}
+        envs.update({"NIGHTLAB_PIP_SPEC": remote, "NIGHTLAB_WHEEL_SHA256": wheel.sha256})
+    else:
+        log.warning(
+            "fleet/skypilot.yaml installs nightlab from `%s` (NIGHTLAB_PIP_SPEC), not the controller's "
+            "own build: results from other code are `invalid`",
+            override,
+        )
     doc["envs"] = envs
     try:
         return sky.Task.from_yaml_config(doc)
@@ -247,7 +297,7 @@ def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Ta
 
 _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
-_TAG = re.compile(r"^nightlab-(gpu|exit): ?(.*?)\s*$")
+_TAG = re.compile(r"^nightlab-(gpu|exit|code|version|torch): ?(.*?)\s*$")
 
 
 OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix
@@ -337,8 +387,8 @@ def clean_job_log(text: str) -> tuple[str, dict[str, str]]:
     return out.getvalue(), sink.tags
 
 
-def run_keys(log_tail: str, *, tier: str, gpu: str | None) -> str:
-    """The lines to append to a log so its summary block carries `tier` and `gpu_name`.
+def run_keys(log_tail: str, *, tier: str, gpu: str | None, code: str | None = None) -> str:
+    """The lines to append to a log so its summary block carries `tier`, `gpu_name` and `nightlab_code`.
 
     Empty unless the summary block ends the log: lines added after a traceback would read
     as its exception line.
@@ -352,6 +402,7 @@ def run_keys(log_tail: str, *, tier: str, gpu: str | None) -> str:
     if not all(re.match(r"^\s*[A-Za-z_][\w.\-]*\s*:", line) for line in lines[start + 1 :]):
         return ""
     extra = f"tier: {tier}\n" + (f"gpu_name: {gpu}\n" if gpu and gpu != "none" else "")
+    extra += f"nightlab_code: {code}\n" if code and code != "none" else ""
     return ("" if log_tail.endswith("\n") else "\n") + extra
 
 

@@ -55,9 +55,11 @@ from typing import Any
 from nightlab.config import LabConfig, PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.fleet.build import Wheel, build_wheel
 from nightlab.fleet.costs import hourly_price
 from nightlab.fleet.runner import read_tail
 from nightlab.fleet.sky_task import (
+    WHEEL_DIR,
     JobLogSink,
     _sky,
     check_pool,
@@ -65,6 +67,8 @@ from nightlab.fleet.sky_task import (
     cluster_task,
     experiment_task,
     job_name,
+    load_worker_config,
+    pip_override,
     run_keys,
 )
 
@@ -124,6 +128,7 @@ class _Cluster:
     detail: str | None = None
     retry_at: float = 0.0
     gpu_name: str | None = None
+    software: dict[str, str | None] = field(default_factory=dict)  # nightlab version + code, torch
     hourly_price: float | None = None
     changed: threading.Condition = field(default_factory=threading.Condition)
 
@@ -189,6 +194,14 @@ class SkyPilotBackend(BaseBackend):
         self._monitor: threading.Thread | None = None
         self._on_change: Any = None
         self._cancels: list[threading.Thread] = []
+        self._wheel: Wheel | None = None
+
+    def _build(self) -> Wheel | None:
+        """The controller's own nightlab as a wheel, built once (None when the YAML overrides it)."""
+        with self._lock:
+            if self._wheel is None and pip_override(load_worker_config(self.lab_dir)) is None:
+                self._wheel = build_wheel(self.lab_dir / WHEEL_DIR)
+            return self._wheel
 
     # ------------------------------------------------------------------ BaseBackend
 
@@ -397,7 +410,13 @@ class SkyPilotBackend(BaseBackend):
         launch_log = log_dir / "launch.log"
         self._event("cluster-launch", cluster.worker, {"cluster": cluster.name})
         try:
-            task = cluster_task(self.lab_dir, pool, cluster=cluster.name, builtin=self.config.target.builtin)
+            task = cluster_task(
+                self.lab_dir,
+                pool,
+                cluster=cluster.name,
+                builtin=self.config.target.builtin,
+                wheel=self._build(),
+            )
             autostop = int(pool.options.get("autostop", DEFAULT_AUTOSTOP))
             infra = str(pool.options.get("infra", ""))
             # Kubernetes pods cannot be stopped, only deleted
@@ -431,6 +450,7 @@ class SkyPilotBackend(BaseBackend):
         with self._lock:
             cluster.state, cluster.detail = "up", None
             cluster.gpu_name = tags.get("gpu") or None
+            cluster.software = {k: tags.get(k) for k in ("version", "code", "torch")}
             cluster.hourly_price = hourly_price(handle, pool.options.get("hourly_price"))
         self._event(
             "cluster-up",
@@ -440,6 +460,9 @@ class SkyPilotBackend(BaseBackend):
                 "setup_seconds": time.time() - start,
                 "hourly_price": cluster.hourly_price,
                 "gpu_name": cluster.gpu_name,
+                "nightlab_version": cluster.software.get("version"),
+                "nightlab_code": cluster.software.get("code"),
+                "torch_version": cluster.software.get("torch"),
                 "autostop_minutes": int(pool.options.get("autostop", DEFAULT_AUTOSTOP)),
                 "accelerators": pool.options.get("accelerators"),
                 "infra": pool.options.get("infra"),
@@ -770,19 +793,23 @@ class SkyPilotBackend(BaseBackend):
         """Complete the log where the controller reads it, then report the end."""
         if self._stop.is_set():
             return  # this backend was closed: a newer controller owns the run now
+        code = tags.get("code") if tags.get("code") not in (None, "", "none") else None
         extra = run_keys(
-            read_tail(run.spec.log_path), tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu")
+            read_tail(run.spec.log_path),
+            tier=run.spec.env.get("NIGHTLAB_TIER", ""),
+            gpu=tags.get("gpu"),
+            code=code,
         )
         if extra:
             with open(run.spec.log_path, "a") as f:
                 f.write(extra)
-        code = tags.get("exit")
-        if code is not None and re.fullmatch(r"-?\d+", code):
-            ended = RunExit(int(code))
+        exit_tag = tags.get("exit")
+        if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
+            ended = RunExit(int(exit_tag), code=code)
         elif status == "SUCCEEDED":
-            ended = RunExit(0)
+            ended = RunExit(0, code=code)
         elif status == "CANCELLED":
-            ended = RunExit(None, detail="job cancelled")
+            ended = RunExit(None, detail="job cancelled", code=code)
         else:  # the run script itself died (driver failure, OOM kill of the node)
             ended = RunExit(None, lost=True, detail=f"job {run.job_id} ended {status} without an exit status")
         self._end(run, ended)
