@@ -129,7 +129,9 @@ def worker_costs(
             w.nightlab_version = e.data.get("nightlab_version") or w.nightlab_version
             w.nightlab_code = e.data.get("nightlab_code") or w.nightlab_code
             w.torch_version = e.data.get("torch_version") or w.torch_version
-            autostop[w.worker] = 60.0 * float(e.data.get("autostop_minutes", 10))
+            minutes = e.data.get("autostop_minutes", 10)
+            # None: the cluster never stops itself (a Slurm allocation lasts until its time limit)
+            autostop[w.worker] = float("inf") if minutes is None else 60.0 * float(minutes)
             start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
             w.setup_seconds += _clip(start, e.ts, since, until)
         elif e.kind == "cluster-failed" and e.data.get("provisioned"):

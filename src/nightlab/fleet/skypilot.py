@@ -99,6 +99,18 @@ def cluster_name(lab_dir: Path, worker: str) -> str:
     return f"nl-{lab_hash(lab_dir)}-{_slug(worker)}"
 
 
+def autostop_minutes(pool: PoolConfig) -> int | None:
+    """Idle minutes before the pool's clusters stop themselves; None where SkyPilot cannot autostop.
+
+    SkyPilot 0.14 refuses autostop on Slurm except for container clusters (Pyxis): a Slurm
+    allocation ends at its time limit instead (`slurm.sbatch_options.time`, docs/skypilot.md).
+    """
+    if "autostop" in pool.options:
+        return int(pool.options["autostop"])
+    infra = str(pool.options.get("infra", ""))
+    return None if infra.startswith("slurm") else DEFAULT_AUTOSTOP
+
+
 def skypilot_slots(pool: PoolConfig) -> list[WorkerSlot]:
     """One worker slot per cluster of a skypilot pool (`workers = N`)."""
     check_pool(pool)
@@ -417,12 +429,15 @@ class SkyPilotBackend(BaseBackend):
                 builtin=self.config.target.builtin,
                 wheel=self._build(),
             )
-            autostop = int(pool.options.get("autostop", DEFAULT_AUTOSTOP))
+            autostop = autostop_minutes(pool)
             infra = str(pool.options.get("infra", ""))
             # Kubernetes pods cannot be stopped, only deleted
             autodown = bool(pool.options.get("autodown", infra.startswith(("k8s", "kubernetes"))))
             request = self.sdk.launch(
-                task, cluster_name=cluster.name, idle_minutes_to_autostop=autostop, down=autodown
+                task,
+                cluster_name=cluster.name,
+                idle_minutes_to_autostop=autostop,
+                down=autodown and autostop is not None,
             )
             with open(launch_log, "w") as out:
                 job_id, handle = self.sdk.stream_and_get(request, output_stream=out)
@@ -463,7 +478,7 @@ class SkyPilotBackend(BaseBackend):
                 "nightlab_version": cluster.software.get("version"),
                 "nightlab_code": cluster.software.get("code"),
                 "torch_version": cluster.software.get("torch"),
-                "autostop_minutes": int(pool.options.get("autostop", DEFAULT_AUTOSTOP)),
+                "autostop_minutes": autostop_minutes(pool),
                 "accelerators": pool.options.get("accelerators"),
                 "infra": pool.options.get("infra"),
             },
