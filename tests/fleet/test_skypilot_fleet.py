@@ -657,3 +657,11 @@ def test_a_result_from_a_worker_running_other_nightlab_code_is_invalid(sky_lab, 
     assert exps[eid].outcome == "invalid", exps[eid].detail
     assert f"`{theirs}`" in exps[eid].detail and f"`{mine}`" in exps[eid].detail
     assert exps[eid].metrics["nightlab_code"] == theirs  # every result carries the worker's hash
+
+
+def test_the_conformance_suite_on_the_fake(sky_lab, fake):
+    # the same scenarios run on the real SkyPilot in tests/skypilot_real: the fake cannot drift
+    from nightlab.testing.skypilot_conformance import EXPECTED, Suite
+
+    lab = sky_lab()
+    assert Suite(lab, sdk=fake, patience=30).run_all(["h100-k8s-0", "h100-k8s-1"]) == EXPECTED

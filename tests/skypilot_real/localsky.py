@@ -21,8 +21,13 @@ means the system python3; every other call goes to the real curl. Its pip gets t
 machine's pip configuration (`PIP_CONFIG_FILE`) and TLS bundle (`SSL_CERT_FILE`, which uv
 needs behind an intercepting proxy) through sshd's `SetEnv`.
 
-Measured on the 2-core machine (2026-12-01): `up()` 15-25 s after the packages are
-installed (apt-get 13 s, pip 40 s the first time).
+The SSH user's pip installs from a local wheelhouse only (`wheelhouse()`: every dependency
+of nightlab, downloaded once per requirement set and cached across runs), so two clusters
+setting up at once do not each fetch ~60 packages from the index; what set-up installs as
+nightlab is still the controller's shipped wheel.
+
+Measured on the shared 2-core machine (2026-12-01, load average 12-18 from other test
+runs): `up()` 96-103 s, most of it `sky check slurm`; the wheelhouse 61 s once.
 
 Usage: `python tests/skypilot_real/localsky.py` brings it up, prints the environment to
 use (`HOME`, `SKYPILOT_API_SERVER_LOCAL_PORT`, `SLURM_CONF`) and waits for Ctrl-C.
@@ -172,8 +177,42 @@ def _uv_binary() -> Path:
     return uv
 
 
-def _pip_config() -> str:
-    """This machine's pip configuration (files and PIP_* variables) as one pip.conf for the SSH user."""
+def wheelhouse() -> Path:
+    """Every dependency of nightlab as wheels in one local directory, cached across runs.
+
+    Two clusters setting up at once would otherwise each fetch ~60 packages (scipy, pyarrow,
+    torch, ...) from the index: minutes on a loaded 2-core machine. Keyed by nightlab's
+    requirements; the nightlab wheel itself is left out, so set-up installs the shipped one.
+    """
+    import hashlib
+    from importlib import metadata
+
+    requires = "\n".join(sorted(metadata.requires("nightlab") or []))
+    house = RUNS / f"wheelhouse-{hashlib.sha256(requires.encode()).hexdigest()[:12]}"
+    if house.exists():
+        return house
+    from nightlab.fleet.build import build_wheel
+
+    tmp = RUNS / f"wheelhouse.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheel = build_wheel(tmp / "self").path
+    _run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", str(tmp / "house"), str(wheel), "pip"],
+        timeout=1200,
+    )
+    for own in (tmp / "house").glob("nightlab-*"):
+        own.unlink()
+    with contextlib.suppress(OSError):
+        (tmp / "house").rename(house)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.chmod(house, 0o755)
+    for f in house.iterdir():
+        f.chmod(0o644)
+    return house
+
+
+def _pip_config(house: Path) -> str:
+    """pip.conf for the SSH user: this machine's pip settings, packages from the local wheelhouse only."""
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
     ).stdout
@@ -186,6 +225,10 @@ def _pip_config() -> str:
     for key, value in os.environ.items():
         if key.startswith("PIP_") and key != "PIP_CONFIG_FILE":
             values[key[4:].lower().replace("_", "-")] = value
+    values["find-links"] = " ".join(v for v in (values.get("find-links"), str(house)) if v)
+    values["no-index"] = "true"
+    for key in ("index-url", "extra-index-url"):
+        values.pop(key, None)
     return "[global]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(values.items()))
 
 
@@ -230,16 +273,20 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _kill_run_processes(run: Path) -> None:
-    """Stop every process whose environment points at this run's slurm.conf (jobs, steps, shells)."""
+    """Stop every process whose environment points at this run's slurm.conf (jobs, steps, shells),
+    and the SSH user's sshd sessions whose listener is gone (orphans: no live run owns them)."""
     marker = f"SLURM_CONF={run}/".encode()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             environ = (proc / "environ").read_bytes()
-        except OSError:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            ppid = int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if marker in environ:
+        orphan = ppid == 1 and cmdline.startswith(f"sshd: {SSH_USER}")
+        if marker in environ or orphan:
             stop_pid(int(proc.name), grace=2)
 
 
@@ -424,7 +471,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for f in (wrapper, curl):
             f.chmod(0o755)
         pip_conf = self.path("pip.conf")
-        pip_conf.write_text(_pip_config())
+        pip_conf.write_text(_pip_config(wheelhouse()))
         pip_conf.chmod(0o644)
         self.ssh_port = free_port()
         config = self.path("sshd_config")
@@ -572,6 +619,11 @@ slurm:
                 shutil.rmtree(d, ignore_errors=True)
         # SkyPilot's SSH control sockets, named by the user hash
         shutil.rmtree(Path(tempfile.gettempdir()) / f"sky_ssh_{self.user_hash}", ignore_errors=True)
+        # the SSH user's uv cache, shared by concurrent runs: removed by the last one
+        if not [r for r in RUNS.glob("run-*") if r != self.root]:
+            with contextlib.suppress(KeyError):
+                uid = pwd.getpwnam(SSH_USER).pw_uid
+                shutil.rmtree(Path(tempfile.gettempdir()) / f"uv_cache_{uid}", ignore_errors=True)
 
 
 if __name__ == "__main__":

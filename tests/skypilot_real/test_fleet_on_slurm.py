@@ -31,7 +31,7 @@ tier = "slurm"
 workers = 2
 infra = "slurm/{SLURM_CLUSTER}"
 """
-TIMEOUT = 150  # the lab's hard limit (s); counts from the lease, so it includes `sky exec` latency
+TIMEOUT = 120  # the lab's hard limit (s); counts from the lease, so it includes `sky exec` latency
 WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]
 
 # the wave: name -> knobs; each also runs on the local CPU slot, and both must agree
@@ -137,7 +137,11 @@ def _open_attempt(lab: Path, eid: str):
 def _slurm_job_of(local_sky, cluster: str) -> str:
     """The Slurm job (allocation) of a SkyPilot cluster: its name starts with the cluster's."""
     out = subprocess.run(
-        ["squeue", "-h", "-o", "%i %j"], env=local_sky.environ(), capture_output=True, text=True, check=True
+        ["squeue", "-h", "-o", "%i %.200j"],
+        env=local_sky.environ(),
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     (job,) = [line.split()[0] for line in out.splitlines() if line.split()[1].startswith(cluster)]
     return job
@@ -222,6 +226,24 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
         ).stdout
         jobs += [w for w in queue.split() if w.startswith("nightlab-e")]
     assert len(jobs) == len(set(jobs)), jobs
+
+
+# ---------------------------------------------------------------------------- conformance
+
+
+def test_the_conformance_suite_on_the_real_sdk(lab, env):
+    # the scenarios tests/fleet runs on nightlab.testing.fake_sky, here on the real SkyPilot
+    from nightlab.testing.skypilot_conformance import EXPECTED
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nightlab.testing.skypilot_conformance", str(lab), *WORKERS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == EXPECTED
 
 
 # ---------------------------------------------------------------------------- fleet down

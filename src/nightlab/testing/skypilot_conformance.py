@@ -1,0 +1,246 @@
+"""One conformance suite for the SkyPilot backend: the same scenarios on the fake and the real SDK.
+
+`nightlab.testing.fake_sky` stands in for SkyPilot in the fast tests; these scenarios keep it
+honest. Each one drives `SkyPilotBackend` through the backend interface only (launch, poll,
+kill, a second backend that re-attaches) and returns what a controller would observe: exit
+codes, `lost`, the cleaned log, the summary keys. `tests/fleet/test_skypilot_fleet.py` runs
+them on `FakeSky`; `tests/skypilot_real/` runs them on the real SkyPilot 0.14 against a
+local Slurm cluster, in a subprocess pointed at that API server
+(`python -m nightlab.testing.skypilot_conformance <lab> <worker> <worker>`), and both must
+return `EXPECTED`.
+
+Every scenario uses the lab's HEAD as its snapshot and its own command, so it needs no
+experiments in the ledger (only cluster events are recorded there).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from nightlab.config import load_config
+from nightlab.fleet.backend import RunSpec, WorkerSlot
+from nightlab.fleet.skypilot import SkyPilotBackend, skypilot_slots
+
+OK = "import time; time.sleep(1); print('---'); print('val_bpb: 1.25'); print('training_seconds: 1.0')"
+CRASH = "print('step 1 loss 3.0'); raise ValueError('boom at step 3')"
+SLOW = "import time; print('step 1 loss 3.0', flush=True); time.sleep(8); print('---'); print('val_bpb: 1.0')"
+HANG = "import time; time.sleep(600)"
+
+# what a controller sees, the same on every SDK
+EXPECTED: dict[str, Any] = {
+    "ok": {
+        "exit_code": 0,
+        "lost": False,
+        "summary": ["nightlab_code", "tier", "training_seconds", "val_bpb"],
+    },
+    "crash": {"exit_code": 1, "lost": False, "last_line": "ValueError: boom at step 3", "prefixes": False},
+    "live_log": {"seen_while_running": True, "exit_code": 0, "step_lines": 1},
+    "timeout": {"exit_code": None, "lost": False},
+    "reattach_by_id": {"exit_code": 0, "lost": False},
+    "reattach_by_name_and_kill": {"found": True, "exit_code": None, "lost": False},
+}
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} after {timeout:.0f} s")
+
+
+class Suite:
+    """The scenarios on one lab; `sdk` is None for the real `sky` module, or a FakeSky."""
+
+    def __init__(self, lab: Path, *, sdk: Any = None, patience: float = 600.0) -> None:
+        self.lab = lab.resolve()
+        self.sdk = sdk
+        self.patience = patience
+        self.config = load_config(self.lab / "nightlab.toml")
+        self.slots = {
+            s.name: s for p in self.config.fleet.pools if p.backend == "skypilot" for s in skypilot_slots(p)
+        }
+        self.head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=self.lab, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def backend(self) -> SkyPilotBackend:
+        return SkyPilotBackend(self.config, lab_dir=self.lab, sdk=self.sdk)
+
+    def spec(self, name: str, code: str, slot: WorkerSlot) -> RunSpec:
+        with self._lock:
+            self._n += 1
+            n = self._n
+        eid = f"c{int(time.time()) % 100000:05d}{n:02d}"  # job names stay unique across suite runs
+        return RunSpec(
+            experiment_id=eid,
+            attempt=1,
+            snapshot=self.head,
+            command=f'python -c "{code}"',
+            env={"NIGHTLAB_EXPERIMENT": eid, "NIGHTLAB_SEED": "0", "NIGHTLAB_TIER": slot.tier},
+            timeout=300,
+            run_dir=self.lab / ".nightlab" / "conformance" / name / eid,
+            lab_dir=self.lab,
+        )
+
+    def _until_up(self, backend: SkyPilotBackend, slot: WorkerSlot) -> None:
+        _wait(lambda: backend.available(slot), self.patience, f"cluster of `{slot.name}` not up")
+
+    def _end(self, backend: SkyPilotBackend, slot: WorkerSlot, spec: RunSpec, handle: dict) -> Any:
+        return _wait(
+            lambda: backend.poll(slot, spec, handle), self.patience, f"`{spec.experiment_id}` not ended"
+        )
+
+    def _running(self, backend: SkyPilotBackend, spec: RunSpec) -> None:
+        key = f"{spec.experiment_id}/{spec.attempt}"
+        _wait(lambda: backend._runs[key].state == "running", self.patience, f"`{key}` not running")
+
+    # ------------------------------------------------------------------ scenarios
+
+    def ok(self, slot: WorkerSlot) -> dict[str, Any]:
+        from nightlab.fleet.runner import parse_summary, read_tail
+
+        backend = self.backend()
+        try:
+            self._until_up(backend, slot)
+            spec = self.spec("ok", OK, slot)
+            ended = self._end(backend, slot, spec, backend.launch(slot, spec))
+            summary = parse_summary(read_tail(spec.log_path)) or {}
+            # gpu_name only where the cluster has an NVIDIA GPU: not part of the contract here
+            keys = sorted(k for k in summary if k != "gpu_name")
+            return {"exit_code": ended.exit_code, "lost": ended.lost, "summary": keys}
+        finally:
+            backend.close()
+
+    def crash(self, slot: WorkerSlot) -> dict[str, Any]:
+        from nightlab.fleet.runner import read_tail
+
+        backend = self.backend()
+        try:
+            self._until_up(backend, slot)
+            spec = self.spec("crash", CRASH, slot)
+            ended = self._end(backend, slot, spec, backend.launch(slot, spec))
+            text = read_tail(spec.log_path)
+            lines = [line for line in text.splitlines() if line.strip()]
+            return {
+                "exit_code": ended.exit_code,
+                "lost": ended.lost,
+                "last_line": lines[-1] if lines else None,
+                "prefixes": "pid=" in text or "Job finished" in text,
+            }
+        finally:
+            backend.close()
+
+    def live_log(self, slot: WorkerSlot) -> dict[str, Any]:
+        backend = self.backend()
+        try:
+            self._until_up(backend, slot)
+            spec = self.spec("live", SLOW, slot)
+            handle = backend.launch(slot, spec)
+
+            def seen() -> bool:
+                return spec.log_path.exists() and "step 1 loss" in spec.log_path.read_text()
+
+            _wait(lambda: seen() or backend.poll(slot, spec, handle), self.patience, "no log line")
+            running = seen() and backend.poll(slot, spec, handle) is None
+            ended = self._end(backend, slot, spec, handle)
+            return {
+                "seen_while_running": running,
+                "exit_code": ended.exit_code,
+                "step_lines": spec.log_path.read_text().count("step 1 loss"),
+            }
+        finally:
+            backend.close()
+
+    def timeout(self, slot: WorkerSlot) -> dict[str, Any]:
+        backend = self.backend()
+        try:
+            self._until_up(backend, slot)
+            spec = self.spec("timeout", HANG, slot)
+            handle = backend.launch(slot, spec)
+            self._running(backend, spec)
+            backend.kill(slot, spec, handle)  # what the controller does at the deadline
+            ended = self._end(backend, slot, spec, handle)
+            return {"exit_code": ended.exit_code, "lost": ended.lost}
+        finally:
+            backend.close()
+
+    def reattach_by_id(self, slot: WorkerSlot) -> dict[str, Any]:
+        first = self.backend()
+        self._until_up(first, slot)
+        spec = self.spec("reattach", SLOW, slot)
+        handle = first.launch(slot, spec)
+        sky_json = spec.run_dir / "sky.json"
+        _wait(lambda: sky_json.exists() and "job_id" in sky_json.read_text(), self.patience, "no job id")
+        first.close()  # the controller dies; the job goes on
+        second = self.backend()
+        try:
+            ended = self._end(second, slot, spec, handle)
+            return {"exit_code": ended.exit_code, "lost": ended.lost}
+        finally:
+            second.close()
+
+    def reattach_by_name_and_kill(self, slot: WorkerSlot) -> dict[str, Any]:
+        first = self.backend()
+        self._until_up(first, slot)
+        spec = self.spec("by-name", HANG, slot)
+        handle = first.launch(slot, spec)
+        self._running(first, spec)
+        first.close()
+        (spec.run_dir / "sky.json").unlink()  # died between `sky exec` and learning the job id
+        second = self.backend()
+        try:
+            second.poll(slot, spec, handle)
+            key = f"{spec.experiment_id}/{spec.attempt}"
+            found = _wait(
+                lambda: second._runs[key].job_id is not None or second._runs[key].ended,
+                self.patience,
+                "not found",
+            )
+            second.kill(slot, spec, handle)
+            ended = self._end(second, slot, spec, handle)
+            return {
+                "found": found is True or isinstance(found, int),
+                "exit_code": ended.exit_code,
+                "lost": ended.lost,
+            }
+        finally:
+            second.close()
+
+    def run_all(self, workers: list[str]) -> dict[str, Any]:
+        """Every scenario, spread over the workers' clusters (one thread per worker)."""
+        names = list(EXPECTED)
+        results: dict[str, Any] = {}
+        errors: list[str] = []
+
+        def lane(worker: str, mine: list[str]) -> None:
+            for name in mine:
+                try:
+                    results[name] = getattr(self, name)(self.slots[worker])
+                except Exception as e:  # reported, compared like any other observation
+                    results[name] = {"error": f"{type(e).__name__}: {e}"}
+                    errors.append(name)
+
+        threads = [
+            threading.Thread(target=lane, args=(w, names[i :: len(workers)])) for i, w in enumerate(workers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return {name: results[name] for name in names}
+
+
+if __name__ == "__main__":  # the real-SDK run: `python -m nightlab.testing.skypilot_conformance LAB W1 [W2]`
+    lab_dir, *worker_names = sys.argv[1:]
+    print(json.dumps(Suite(Path(lab_dir)).run_all(worker_names)))
