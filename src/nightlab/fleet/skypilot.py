@@ -40,12 +40,14 @@ the cluster (and relaunches it) instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -84,6 +86,7 @@ CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
 _TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 _EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
+_STDOUT_LOCK = threading.Lock()
 
 
 def _slug(text: str) -> str:
@@ -433,12 +436,16 @@ class SkyPilotBackend(BaseBackend):
             infra = str(pool.options.get("infra", ""))
             # Kubernetes pods cannot be stopped, only deleted
             autodown = bool(pool.options.get("autodown", infra.startswith(("k8s", "kubernetes"))))
-            request = self.sdk.launch(
-                task,
-                cluster_name=cluster.name,
-                idle_minutes_to_autostop=autostop,
-                down=autodown and autostop is not None,
-            )
+            # SkyPilot's client prints "Running on cluster: <name>" to stdout at launch, but stdout
+            # carries nightlab's data (`fleet up --json`): its chatter goes to stderr. The
+            # redirect is process-wide, so launches take turns (submitting one takes a moment).
+            with _STDOUT_LOCK, contextlib.redirect_stdout(sys.stderr):
+                request = self.sdk.launch(
+                    task,
+                    cluster_name=cluster.name,
+                    idle_minutes_to_autostop=autostop,
+                    down=autodown and autostop is not None,
+                )
             with open(launch_log, "w") as out:
                 job_id, handle = self.sdk.stream_and_get(request, output_stream=out)
             status = self._wait_job(cluster.name, job_id)

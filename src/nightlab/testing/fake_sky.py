@@ -265,6 +265,7 @@ class FakeSky:
             raise TypeError(f"sky.launch takes a sky.Task, got {type(task).__name__}")
         self._record("launch", cluster_name, idle_minutes_to_autostop=idle_minutes_to_autostop, down=down)
         self.tasks.append(("launch", cluster_name, task))
+        print(f"Running on cluster: {cluster_name}")  # the real client prints this to stdout too
 
         def work(log: list[str]) -> Any:
             log.append(f"Launching cluster {cluster_name}...")
