@@ -660,7 +660,7 @@ def test_a_result_from_a_worker_running_other_nightlab_code_is_invalid(sky_lab, 
 
 
 def test_the_conformance_suite_on_the_fake(sky_lab, fake):
-    # the same scenarios run on the real SkyPilot in tests/skypilot_real: the fake cannot drift
+    # the same scenarios run against a real SkyPilot API server (`python -m nightlab.testing.skypilot_conformance`)
     from nightlab.testing.skypilot_conformance import EXPECTED, Suite
 
     lab = sky_lab()

@@ -4,8 +4,7 @@
 honest. Each one drives `SkyPilotBackend` through the backend interface only (launch, poll,
 kill, a second backend that re-attaches) and returns what a controller would observe: exit
 codes, `lost`, the cleaned log, the summary keys. `tests/fleet/test_skypilot_fleet.py` runs
-them on `FakeSky`; `tests/skypilot_real/` runs them on the real SkyPilot 0.14 against a
-local Slurm cluster, in a subprocess pointed at that API server
+them on `FakeSky`; against a real SkyPilot API server they run in a subprocess pointed at it
 (`python -m nightlab.testing.skypilot_conformance <lab> <worker> <worker>`), and both must
 return `EXPECTED`.
 
