@@ -59,6 +59,8 @@ class FleetConfig:
     default_tier: str
     idle_shutdown: float = 900.0
     retries: int = 2
+    backup_interval: float = 600.0  # seconds between the controller's online ledger backups
+    backups: int = 5  # periodic backups kept in .nightlab/backups/
 
     @property
     def tiers(self) -> list[str]:
@@ -200,7 +202,9 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     metric = MetricConfig(name=_get(m, "metric", "name", str, "val_bpb"), direction=direction)
 
     f = _table(doc, "fleet")
-    _no_unknown(f, "fleet", {"pool", "default_tier", "idle_shutdown", "retries"})
+    _no_unknown(
+        f, "fleet", {"pool", "default_tier", "idle_shutdown", "retries", "backup_interval", "backups"}
+    )
     pools_raw = _get(f, "fleet", "pool", list)
     if not pools_raw:
         raise ConfigError(f"{CONFIG_NAME}: `fleet.pool` needs at least one [[fleet.pool]] table")
@@ -215,11 +219,20 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     retries = _get(f, "fleet", "retries", int, 2)
     if retries < 0:
         raise ConfigError(f"{CONFIG_NAME}: `fleet.retries` must be 0 or more, got `{retries}`")
+    backup_interval = float(_get(f, "fleet", "backup_interval", (int, float), 600.0))
+    backups = _get(f, "fleet", "backups", int, 5)
+    if not backup_interval > 0 or backups < 1:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `fleet.backup_interval` must be positive and `fleet.backups` at least 1, "
+            f"got `{backup_interval}` and `{backups}`"
+        )
     fleet = FleetConfig(
         pools=pools,
         default_tier=default_tier,
         idle_shutdown=float(_get(f, "fleet", "idle_shutdown", (int, float), 900.0)),
         retries=retries,
+        backup_interval=backup_interval,
+        backups=backups,
     )
 
     s = _table(doc, "search", required=False)

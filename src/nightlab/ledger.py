@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nightlab import integrity
 from nightlab.errors import LedgerError, UnknownExperimentError
 
 SCHEMA_VERSION = 1
@@ -339,10 +340,14 @@ def _to_wave(row: sqlite3.Row) -> Wave:
 class Ledger:
     """Connection to one lab's ledger database (see the module docstring for the contract)."""
 
-    def __init__(self, path: Path | str, *, create: bool = False) -> None:
+    def __init__(self, path: Path | str, *, create: bool = False, check_wal: bool = True) -> None:
         self.path = Path(path)
         if not create and not self.path.exists():
             raise LedgerError(f"ledger `{self.path}` does not exist; run `nightlab init` to create a lab")
+        # before SQLite opens the file: its recovery would silently drop a cut WAL's tail
+        problem = integrity.check_wal(self.path) if check_wal else None
+        if problem is not None:
+            raise integrity.wal_error(self.path, problem)
         try:
             # isolation_level=None: we issue BEGIN ourselves, so a read never holds a lock
             self._conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
@@ -353,7 +358,7 @@ class Ledger:
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()
         except sqlite3.Error as e:
-            raise LedgerError(f"cannot open ledger `{self.path}`: {e}") from e
+            raise integrity.explain(e, self.path, "open") from e
 
     # ------------------------------------------------------------------ plumbing
 
@@ -372,23 +377,38 @@ class Ledger:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
-            raise LedgerError(f"ledger `{self.path}` is locked or unreadable: {e}") from e
+            raise integrity.explain(e, self.path, "write to") from e
         try:
             yield self._conn
+        except sqlite3.Error as e:
+            self._rollback()
+            raise integrity.explain(e, self.path, "write to") from e
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            self._rollback()
             raise
         try:
             self._conn.execute("COMMIT")
         except sqlite3.Error as e:
-            self._conn.execute("ROLLBACK")
-            raise LedgerError(f"could not commit to ledger `{self.path}`: {e}") from e
+            self._rollback()
+            raise integrity.explain(e, self.path, "commit to") from e
+
+    def _rollback(self) -> None:
+        # SQLite already rolls back by itself on some errors (a full disk): then there is nothing to undo
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         try:
             return self._conn.execute(sql, tuple(args)).fetchall()
         except sqlite3.Error as e:
-            raise LedgerError(f"ledger query failed: {e}") from e
+            raise integrity.explain(e, self.path, "read") from e
+
+    def check(self, *, full: bool = False) -> list[str]:
+        """What SQLite's `quick_check` (or `integrity_check` with `full`) finds wrong; empty when whole."""
+        return integrity.quick_check(self._conn, full=full)
 
     def schema_version(self) -> int:
         has_meta = self._conn.execute(
@@ -408,6 +428,11 @@ class Ledger:
             )
         if version == SCHEMA_VERSION:
             return
+        if version > 0:
+            # a migration rewrites tables: keep the old ledger as it was, whatever happens next
+            from nightlab.backup import take_backup
+
+            take_backup(self.path, pre_migration_of=version, source=self._conn)
         with self.transaction() as c:
             version = self.schema_version()  # another process may have migrated meanwhile
             for script in MIGRATIONS[version:]:
@@ -521,9 +546,7 @@ class Ledger:
 
     def _all_metrics(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
-        for eid, key, value, text in self._conn.execute(
-            "SELECT experiment_id, key, value, text FROM metrics"
-        ):
+        for eid, key, value, text in self._query("SELECT experiment_id, key, value, text FROM metrics"):
             out.setdefault(eid, {})[key] = value if value is not None else text
         return out
 

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("nightlab.cli.agent", "Supervise a coding agent as the researcher."),
     "journal": ("nightlab.cli.journal", "The lab's research history, compact."),
     "dashboard": ("nightlab.cli.dashboard", "Serve the live web dashboard."),
+    "doctor": ("nightlab.cli.doctor", "Check the lab and the machine; restore a ledger backup."),
 }
 
 

@@ -4,7 +4,7 @@ import time
 
 import click
 
-from nightlab.cli._common import console, duration, emit_json, json_option, with_lab
+from nightlab.cli._common import console, duration, emit_json, json_option, say, with_lab
 
 EXPECTED_FROM_RUNS = 10  # recent ok runs of a tier whose median wall time predicts a run's end
 
@@ -137,6 +137,13 @@ def command(lab, as_json) -> None:
     Example:
       nightlab status --json | jq '.queued | length'
     """
+    from nightlab.fleet.daemon import revive
+
+    restarted = revive(lab.path, lab.ledger)
+    if restarted:
+        say(
+            f"the controller had died; restarted it (pid {restarted}): runs in flight are re-attached or requeued"
+        )
     state = fleet_state(lab)
     if as_json:
         emit_json(state)

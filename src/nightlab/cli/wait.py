@@ -32,6 +32,9 @@ def command(lab, ids, all_, any_, timeout, as_json) -> None:
         raise UsageError("give experiment ids or `--all`, not both")
     if not ids and not all_ and not any_:
         raise UsageError("say what to wait for: experiment ids, `--all` or `--any`")
+    from nightlab.fleet.daemon import revive
+
+    revive(lab.path, lab.ledger)  # a killed controller would leave this waiting forever
     metric = lab.config.metric.name
 
     def rows(exps) -> list[dict]:

@@ -25,10 +25,11 @@ from typing import Any
 
 from nightlab.analysis import refresh_pending, refresh_siblings, verdict_for
 from nightlab.config import LabConfig
-from nightlab.errors import NightlabError
+from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.fleet.runner import classify, read_tail, trim_log
+from nightlab.integrity import RESTORE_HINT, free_bytes
 from nightlab.ledger import Attempt, Ledger
 from nightlab.snapshots import tree_of
 
@@ -36,6 +37,7 @@ log = logging.getLogger("nightlab.controller")
 
 HEARTBEAT_SECONDS = 1.0
 KILL_GRACE_SECONDS = 30.0  # after a kill, how long to wait for the run to report its end
+LOW_DISK_BYTES = 1 << 20  # below 1 MiB free a log write can fail: such a crash is the disk's, not the code's
 
 
 @dataclass
@@ -93,6 +95,12 @@ def build_slots(
     return slots, backends
 
 
+def _disk_full(run_dir: Path, tail: str) -> bool:
+    """Whether a run that ended without a result was stopped by a full disk."""
+    free = free_bytes(run_dir)
+    return (free is not None and free < LOW_DISK_BYTES) or "No space left on device" in tail[-4096:]
+
+
 class Controller:
     """The dispatch loop of one lab. `run()` returns when stopped or idle for long enough."""
 
@@ -126,10 +134,19 @@ class Controller:
 
             self._digests = record_digests(lab_dir)
         self._code: str | None = None
+        self._next_backup = 0.0
+        self._disk_warned = 0.0
+        self.ledger_failed = False
 
     # ------------------------------------------------------------------ life cycle
 
     def run(self) -> None:
+        problems = self.ledger.check()
+        if problems:
+            # writing on top of a damaged b-tree spreads the damage: refuse before the first write
+            raise LedgerError(
+                f"ledger `{self.ledger.path}` fails its integrity check ({problems[0]}); {RESTORE_HINT}"
+            )
         self.ledger.claim_controller(self.pid, socket.gethostname())
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in self.slots])
         self._recover()
@@ -137,6 +154,7 @@ class Controller:
         last_activity = time.time()
         try:
             while True:
+                self._maybe_backup()
                 now = time.time()
                 if now - last_beat >= HEARTBEAT_SECONDS:
                     if not self.ledger.controller_heartbeat(self.pid):
@@ -157,13 +175,44 @@ class Controller:
                     log.info("idle for %.0f s: exiting", now - last_activity)
                     break
                 time.sleep(self.poll_interval if self.active else self.idle_interval)
+        except LedgerError as e:
+            # the ledger cannot be written (full disk, I/O error): the runs go on by themselves and the
+            # next controller re-attaches them, so leave them alone and say why in one line
+            log.error("%s; the controller stops and leaves its runs for the next one", e)
+            self.ledger_failed = True
+            raise
         finally:
             self._shutdown()
+
+    def _maybe_backup(self) -> None:
+        """Take an online backup of the ledger when the last one is `fleet.backup_interval` old."""
+        from nightlab import backup
+
+        now = time.time()
+        if now < self._next_backup:
+            return
+        self._next_backup = now + self.config.fleet.backup_interval
+        if not backup.backup_due(self.ledger.path, interval=self.config.fleet.backup_interval, now=now):
+            return
+        try:
+            path = backup.take_backup(self.ledger.path, keep=self.config.fleet.backups)
+        except LedgerError as e:  # a failed backup must not stop the night's runs
+            log.error("%s", e)
+            return
+        log.info("ledger backed up to %s", path)
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True
 
     def _shutdown(self) -> None:
+        if self.ledger_failed:
+            for backend in self.backends.values():
+                backend.close()
+            try:
+                self.ledger.release_controller(self.pid)
+            except LedgerError:
+                pass  # the controller row stays: the next CLI call sees a dead controller and restarts one
+            return
         # runs that we kill here did nothing wrong: they go back to the queue
         for active in list(self.active.values()):
             self._backend(active.slot).kill(active.slot, active.spec, active.handle)
@@ -324,6 +373,14 @@ class Controller:
                 )
                 if outcome == "ok":
                     metrics = self._flag_seed(active.spec.experiment_id, metrics)
+            if (outcome.startswith("crash:") or outcome == "infra") and _disk_full(active.spec.run_dir, tail):
+                # the run could not write its log: not the code's fault, so retry it when there is room
+                free = free_bytes(active.spec.run_dir)
+                outcome = "infra"
+                detail = (
+                    f"the disk holding `{active.spec.run_dir}` filled up while the run wrote its log "
+                    f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
+                )
         exp = self.ledger.get(active.spec.experiment_id)
         final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
         value = metrics.get(self.config.metric.name)
@@ -352,6 +409,8 @@ class Controller:
         busy = {a.slot.name for a in self.active.values()}
         free = [s for s in self.slots if s.name not in busy]
         queued = self._queued_by_tier()
+        if free and any(queued.values()) and self._disk_full_now():
+            return True  # a run started now would die writing its log: wait in the queue for space
         for slot in free:
             if not queued.get(slot.tier) or not self._backend(slot).available(slot):
                 continue
@@ -366,9 +425,31 @@ class Controller:
             except NightlabError as e:
                 self.ledger.finish_attempt(attempt.id, outcome="invalid", detail=f"could not launch: {e}")
                 continue
+            except OSError as e:  # the machine's fault (a full disk while materialising), not the code's
+                self.ledger.finish_attempt(
+                    attempt.id,
+                    outcome="infra",
+                    detail=f"could not launch: {e}",
+                    retry=True,
+                    max_attempts=1 + self.config.fleet.retries,
+                )
+                continue
             self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
             self.active[slot.name] = _Active(slot, attempt, spec, handle, time.time() + spec.timeout)
         return any(queued.get(t) for t in {s.tier for s in self.slots})
+
+    def _disk_full_now(self) -> bool:
+        free = free_bytes(self.lab_dir / ".nightlab")
+        full = free is not None and free < LOW_DISK_BYTES
+        now = time.time()
+        if full and now - self._disk_warned > 60:
+            log.warning(
+                "only %.1f MiB free for %s: runs stay queued until there is space (`nightlab doctor`)",
+                (free or 0) / 2**20,
+                self.lab_dir / ".nightlab",
+            )
+            self._disk_warned = now
+        return full
 
     def _queued_by_tier(self) -> dict[str, int]:
         return self.ledger.queued_counts()

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from nightlab.errors import ControllerError
+from nightlab.errors import ControllerError, NightlabError
 from nightlab.locks import try_lock
 
 START_TIMEOUT = 20.0
@@ -132,9 +132,38 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
                 signal.signal(signal.SIGTERM, controller.request_stop)
                 signal.signal(signal.SIGINT, controller.request_stop)
                 controller.run()
+        except NightlabError as e:
+            # one line in controller.log, no traceback: `nightlab doctor` and `status` say what to do
+            logging.getLogger("nightlab.controller").error("controller stopped: %s", e)
+            return 1
         finally:
             pid_file.unlink(missing_ok=True)
     return 0
+
+
+def revive(lab_dir: Path, ledger=None) -> int | None:
+    """Restart a controller that died without releasing the lab (SIGKILL, OOM killer, reboot).
+
+    A controller that stops on purpose (`fleet stop`, idle shutdown) deletes its ledger row;
+    one that was killed leaves it. So a row with no live lock holder means work was
+    interrupted: the next CLI call starts a controller, which re-attaches or requeues the
+    runs that were in flight. Returns the new pid, or None when nothing needed starting.
+    """
+    from nightlab.ledger import open_ledger
+
+    if running_pid(lab_dir) is not None:
+        return None
+    if ledger is None:
+        with open_ledger(lab_dir) as own:
+            died = own.controller() is not None
+    else:
+        died = ledger.controller() is not None
+    if not died:
+        return None
+    try:
+        return start_background(lab_dir, wait=False)
+    except ControllerError:  # another CLI call restarted it first
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

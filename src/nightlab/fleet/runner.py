@@ -118,9 +118,13 @@ def trim_log(path: Path, keep: int = KEEP_LOG_BYTES) -> None:
         f.seek(size - keep)
         data = f.read()
     tmp = path.with_suffix(".trim")
-    with open(tmp, "wb") as f:
-        f.write(f"[nightlab: {size - keep} earlier bytes of this log were dropped]\n".encode())
-        f.write(data.split(b"\n", 1)[-1])
+    try:
+        with open(tmp, "wb") as f:
+            f.write(f"[nightlab: {size - keep} earlier bytes of this log were dropped]\n".encode())
+            f.write(data.split(b"\n", 1)[-1])
+    except OSError:  # no room for the copy (a full disk): keep the whole log rather than fail the run
+        tmp.unlink(missing_ok=True)
+        return
     os.replace(tmp, path)
 
 

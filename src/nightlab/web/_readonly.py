@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from nightlab import snapshots
+from nightlab import integrity, snapshots
 from nightlab.config import LabConfig, load_lab_config
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.ledger import SCHEMA_VERSION, Experiment, Ledger, _to_experiment
@@ -29,6 +29,9 @@ class ReadOnlyLedger(Ledger):
         self.path = Path(path)
         if not self.path.exists():
             raise LedgerError(f"ledger `{self.path}` does not exist; run `nightlab init` to create a lab")
+        problem = integrity.check_wal(self.path)
+        if problem is not None:
+            raise integrity.wal_error(self.path, problem)
         try:
             self._conn = sqlite3.connect(
                 f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0, isolation_level=None
@@ -37,7 +40,7 @@ class ReadOnlyLedger(Ledger):
             self._conn.execute("PRAGMA busy_timeout = 60000")
             version = self.schema_version()
         except sqlite3.Error as e:
-            raise LedgerError(f"cannot open ledger `{self.path}` read-only: {e}") from e
+            raise integrity.explain(e, self.path, "open (read-only)") from e
         if version != SCHEMA_VERSION:
             self._conn.close()
             raise LedgerError(

@@ -1,0 +1,417 @@
+"""`nightlab doctor`: is this lab and this machine fit to be left alone for a night?
+
+Each check looks at one thing that has cost users a night (stale locks, lost rows, a
+controller that looks alive, data from another profile, a full disk) and, when it finds
+a problem, names the one command that fixes it. Checks never change the lab; the two
+repairs (`restore`, `repair_wal`) are separate functions that refuse while a controller
+runs.
+
+The checks work on a damaged lab: nothing here opens the lab through `Lab.open`, which
+would stop at the first broken piece. Order: machine (git, Python, torch, disk), then
+the lab (config, data, ledger, controller, leases, snapshots, backups).
+
+    report = run_checks(lab_dir)
+    for c in report.problems: print(c.line())
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nightlab import backup, integrity
+from nightlab.errors import NightlabError, UsageError
+
+MIN_FREE_BYTES = 1 << 30  # 1 GiB: a night of chatty logs (8 MiB kept per run) and a few ledger backups
+STALE_LEASE_SECONDS = 120.0  # a live controller heartbeats its runs every second
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: `ok` checks carry what was seen, problems carry the fixing command."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        if self.ok:
+            return f"ok    {self.name}: {self.detail}"
+        return f"FAIL  {self.name}: {self.detail}" + (f"; fix: `{self.fix}`" if self.fix else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass
+class Report:
+    lab: Path
+    checks: list[Check] = field(default_factory=list)
+    backups: list[backup.BackupInfo] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lab": str(self.lab),
+            "ok": not self.problems,
+            "checks": [c.to_dict() for c in self.checks],
+            "backups": [b.to_dict() for b in self.backups],
+        }
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+def _check_git(lab: Path) -> list[Check]:
+    if shutil.which("git") is None:
+        return [
+            Check("git", False, "git is not installed (snapshots are git commits)", "apt-get install git")
+        ]
+    version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
+    inside = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=lab, capture_output=True, text=True)
+    if inside.returncode != 0:
+        return [Check("git", False, f"`{lab}` is not a git repository", f"git -C {lab} init")]
+    return [Check("git", True, version)]
+
+
+def _check_python() -> list[Check]:
+    v = sys.version_info
+    ok = v >= (3, 10)
+    return [
+        Check(
+            "python",
+            ok,
+            f"{sys.executable} {v.major}.{v.minor}.{v.micro}",
+            None if ok else "install Python 3.10 or newer",
+        )
+    ]
+
+
+def _check_torch(config: Any) -> list[Check]:
+    gpus = [g for p in (config.fleet.pools if config else ()) for g in p.gpus]
+    try:
+        import torch
+    except Exception as e:  # a broken install raises more than ImportError
+        needed = config is not None and (config.target.builtin or gpus)
+        return [
+            Check("torch", not needed, f"cannot import torch ({type(e).__name__}: {e})", "pip install torch")
+        ]
+    cuda = torch.cuda.is_available()
+    device = f"cuda x{torch.cuda.device_count()}" if cuda else "cpu only"
+    if gpus and (not cuda or torch.cuda.device_count() <= max(gpus)):
+        return [
+            Check(
+                "torch",
+                False,
+                f"torch {torch.__version__} sees {device} but nightlab.toml assigns GPUs {gpus}",
+                "pip install torch (a CUDA build), or edit `gpus` in nightlab.toml and commit it",
+            )
+        ]
+    return [Check("torch", True, f"torch {torch.__version__}, {device}")]
+
+
+def _check_disk(name: str, path: Path) -> Check:
+    free = integrity.free_bytes(path)
+    if free is None:
+        return Check(name, True, f"`{path}`: free space unknown")
+    text = f"{free / 2**30:.2f} GiB free for `{path}`"
+    if free < MIN_FREE_BYTES:
+        return Check(
+            name,
+            False,
+            f"only {text} (runs fail when it fills)",
+            f"free space on the filesystem of {path} (`du -sh {path}/*` finds the big files)",
+        )
+    return Check(name, True, text)
+
+
+# ---------------------------------------------------------------------------- lab
+
+
+def _load_config(lab: Path) -> tuple[Any, list[Check]]:
+    from nightlab.config import load_lab_config
+
+    try:
+        loaded = load_lab_config(lab)
+    except NightlabError as e:
+        return None, [Check("config", False, str(e), "edit nightlab.toml and `git commit nightlab.toml`")]
+    note = " (uncommitted edits are not in force)" if loaded.uncommitted else ""
+    return loaded.config, [Check("config", True, f"nightlab.toml parses{note}")]
+
+
+def _check_data(config: Any) -> list[Check]:
+    if config is None or not config.profile:
+        return []
+    from nightlab.harness.cache import load_manifest
+    from nightlab.harness.profiles import Profile, data_dir, fingerprint
+
+    try:
+        profile = Profile.from_dict(config.profile)
+        folder = data_dir(profile)
+        load_manifest(folder, profile=profile)
+    except NightlabError as e:
+        return [Check("data", False, str(e), "nightlab prepare")]
+    return [
+        Check("data", True, f"fingerprint {fingerprint(profile)} prepared in `{folder}`"),
+        _check_disk("disk (data)", folder),
+    ]
+
+
+def _check_ledger(lab: Path) -> tuple[Any, list[Check]]:
+    """Open the ledger read-only and run the full integrity check; returns (connection, checks)."""
+    path = lab / ".nightlab" / "ledger.db"
+    if not path.exists():
+        return None, [Check("ledger", False, f"`{path}` is missing", "nightlab doctor --restore")]
+    cut = integrity.check_wal(path)
+    if cut is not None:
+        return None, [
+            Check("ledger", False, f"{cut}: its last transactions are lost", "nightlab doctor --repair-wal")
+        ]
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 60000")
+    except sqlite3.Error as e:
+        return None, [
+            Check("ledger", False, str(integrity.explain(e, path, "open")), "nightlab doctor --restore")
+        ]
+    started = time.perf_counter()
+    problems = integrity.quick_check(conn, full=True)
+    took = time.perf_counter() - started
+    if problems:
+        conn.close()
+        shown = "; ".join(problems[:2])
+        return None, [Check("ledger", False, f"integrity check failed: {shown}", "nightlab doctor --restore")]
+    try:
+        n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    except sqlite3.Error as e:
+        conn.close()
+        return None, [
+            Check("ledger", False, str(integrity.explain(e, path, "read")), "nightlab doctor --restore")
+        ]
+    size = path.stat().st_size
+    return conn, [
+        Check(
+            "ledger",
+            True,
+            f"integrity ok ({n} experiments, schema v{version}, {size / 2**20:.1f} MiB, checked in {took:.2f} s)",
+        )
+    ]
+
+
+def _check_controller(lab: Path, conn: sqlite3.Connection) -> list[Check]:
+    from nightlab.fleet.daemon import running_pid
+
+    pid = running_pid(lab)
+    row = conn.execute("SELECT pid, heartbeat_at FROM controller WHERE id = 1").fetchone()
+    open_attempts = conn.execute(
+        "SELECT experiment_id, number, heartbeat_at FROM attempts WHERE ended_at IS NULL ORDER BY id"
+    ).fetchall()
+    out = []
+    if pid is None and row is not None:
+        out.append(
+            Check(
+                "controller",
+                False,
+                f"the ledger says controller pid {row['pid']} runs, but no process holds the lab's lock "
+                "(it was killed)",
+                "nightlab fleet start",
+            )
+        )
+    elif pid is None:
+        out.append(Check("controller", True, "not running (starts with the next submit)"))
+    else:
+        out.append(Check("controller", True, f"running (pid {pid})"))
+    if open_attempts and pid is None:
+        ids = ", ".join(f"{a['experiment_id']}/{a['number']}" for a in open_attempts[:5])
+        more = f" and {len(open_attempts) - 5} more" if len(open_attempts) > 5 else ""
+        out.append(
+            Check(
+                "leases",
+                False,
+                f"{len(open_attempts)} run(s) leased by a controller that is gone ({ids}{more})",
+                "nightlab fleet start",
+            )
+        )
+    elif open_attempts:
+        now = time.time()
+        stale = [a for a in open_attempts if now - a["heartbeat_at"] > STALE_LEASE_SECONDS]
+        if stale:
+            out.append(
+                Check(
+                    "leases",
+                    False,
+                    f"{len(stale)} run(s) not heartbeaten for over {STALE_LEASE_SECONDS:.0f} s by controller "
+                    f"pid {pid} (first: {stale[0]['experiment_id']}): it is stuck",
+                    "nightlab fleet stop && nightlab fleet start",
+                )
+            )
+        else:
+            out.append(Check("leases", True, f"{len(open_attempts)} run(s) in flight, all heartbeating"))
+    else:
+        out.append(Check("leases", True, "no run in flight"))
+    return out
+
+
+def _check_snapshots(lab: Path, conn: sqlite3.Connection) -> list[Check]:
+    proc = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname:lstrip=2) %(objectname)", "refs/nightlab/"],
+        cwd=lab,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return []  # the git check already says why
+    refs = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    rows = conn.execute("SELECT id, snapshot, status FROM experiments ORDER BY seq").fetchall()
+    missing = [r for r in rows if r["id"] not in refs]
+    if not missing:
+        return [Check("snapshots", True, f"{len(rows)} experiments, every ref present")]
+    # one git call for all: which of the missing commits are still in the object store
+    probe = subprocess.run(
+        ["git", "cat-file", "--batch-check"],
+        cwd=lab,
+        input="".join(f"{r['snapshot']}\n" for r in missing),
+        capture_output=True,
+        text=True,
+    )
+    # each answer line is "<sha> commit <size>" or "<sha> missing"
+    present = {parts[0] for parts in map(str.split, probe.stdout.splitlines()) if parts[1:2] == ["commit"]}
+    out = []
+    for r in missing[:10]:
+        if r["snapshot"] in present:
+            fix = f"git -C {lab} update-ref refs/nightlab/{r['id']} {r['snapshot']}"
+            detail = f"{r['id']}: ref refs/nightlab/{r['id']} is missing (its commit is still there)"
+        elif r["status"] in (0, 1):  # queued / running: it cannot run without its files
+            fix = f"nightlab cancel {r['id']}"
+            detail = f"{r['id']}: its snapshot {r['snapshot'][:12]} is gone from git, so it cannot run"
+        else:
+            fix = "copy the lab's .git/objects back from a backup of the lab"
+            detail = f"{r['id']}: its snapshot {r['snapshot'][:12]} is gone (diff and adopt will fail)"
+        out.append(Check("snapshots", False, detail, fix))
+    if len(missing) > 10:
+        out.append(
+            Check("snapshots", False, f"... and {len(missing) - 10} more experiments without a ref", None)
+        )
+    return out
+
+
+def _check_backups(lab: Path, config: Any, report: Report) -> list[Check]:
+    ledger_path = lab / ".nightlab" / "ledger.db"
+    report.backups = backup.list_backups(ledger_path)
+    if not report.backups:
+        return [Check("backups", True, "none yet (the controller takes one when it runs)")]
+    newest = report.backups[-1]
+    age = time.time() - newest.taken_at
+    return [
+        Check(
+            "backups",
+            True,
+            f"{len(report.backups)} kept, newest {age / 60:.0f} min old: `{newest.path.name}`",
+        )
+    ]
+
+
+def run_checks(lab: Path, *, torch_check: bool = True) -> Report:
+    """Every check on the lab at `lab` (see the module docstring); never raises for a broken lab."""
+    report = Report(lab)
+    config, config_checks = _load_config(lab)
+    report.checks += _check_git(lab)
+    report.checks += _check_python()
+    if torch_check:
+        report.checks += _check_torch(config)
+    report.checks.append(_check_disk("disk (logs)", lab / ".nightlab"))
+    report.checks += config_checks
+    report.checks += _check_data(config)
+    conn, ledger_checks = _check_ledger(lab)
+    report.checks += ledger_checks
+    if conn is not None:
+        try:
+            report.checks += _check_controller(lab, conn)
+            report.checks += _check_snapshots(lab, conn)
+        except sqlite3.Error as e:
+            report.checks.append(
+                Check("ledger", False, str(integrity.explain(e, lab, "read")), "nightlab doctor --restore")
+            )
+        finally:
+            conn.close()
+    report.checks += _check_backups(lab, config, report)
+    return report
+
+
+# ---------------------------------------------------------------------------- repairs
+
+
+def _refuse_while_running(lab: Path, what: str) -> None:
+    from nightlab.fleet.daemon import running_pid
+
+    pid = running_pid(lab)
+    if pid is not None:
+        raise UsageError(
+            f"a controller (pid {pid}) is using the ledger; stop it with `nightlab fleet stop`, then {what}"
+        )
+
+
+def restore(lab: Path, path: Path | None = None) -> dict[str, Any]:
+    """Put a backup (default: the newest good one) in place of the ledger.
+
+    Raises:
+        UsageError: a controller runs, or there is no usable backup.
+    """
+    _refuse_while_running(lab, "restore")
+    ledger_path = lab / ".nightlab" / "ledger.db"
+    used, aside = backup.restore_backup(ledger_path, path)
+    conn = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+    finally:
+        conn.close()
+    return {"restored": str(used), "replaced": str(aside) if aside else None, "experiments": n}
+
+
+def repair_wal(lab: Path) -> dict[str, Any]:
+    """Keep what a cut WAL committed before the cut: let SQLite recover it, then checkpoint.
+
+    The damaged files are copied aside first (`ledger.db.cut-<time>` and its `-wal`).
+
+    Raises:
+        UsageError: a controller runs, or the WAL is not cut.
+    """
+    _refuse_while_running(lab, "repair")
+    ledger_path = lab / ".nightlab" / "ledger.db"
+    problem = integrity.check_wal(ledger_path)
+    if problem is None:
+        raise UsageError(
+            "the ledger's write-ahead log is whole; nothing to repair (`nightlab doctor` checks the rest)"
+        )
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for suffix in ("", "-wal"):
+        src = Path(str(ledger_path) + suffix)
+        if src.exists():
+            shutil.copy2(src, src.with_name(f"{ledger_path.name}.cut-{stamp}{suffix}"))
+    try:
+        conn = sqlite3.connect(ledger_path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            problems = integrity.quick_check(conn, full=True)
+            n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise integrity.explain(e, ledger_path, "repair") from e
+    if problems:
+        raise NightlabError(
+            f"the recovered ledger still fails its integrity check ({problems[0]}); run `nightlab doctor --restore`"
+        )
+    return {"repaired": str(ledger_path), "experiments": n, "kept_copy": f"{ledger_path.name}.cut-{stamp}"}

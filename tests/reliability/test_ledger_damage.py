@@ -1,0 +1,212 @@
+"""A damaged ledger is detected with one line naming the fix, never a traceback or a wrong
+number; backups are taken online at a fixed interval and before a migration, and
+`nightlab doctor --restore` / `--repair-wal` put the lab back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from nightlab import backup
+from nightlab.testing.reliability import controller_pid, nightlab, submit_many, wait_finished
+
+
+def _one_line_error(proc, *needles: str) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _run_once(lab, n: int = 3) -> list[str]:
+    """Run a few experiments to the end: the controller takes its first backup at start."""
+    ids = submit_many(lab, n, start=True)
+    wait_finished(lab, ids)
+    nightlab("fleet", "stop", cwd=lab)
+    return ids
+
+
+def _corrupt_table(lab, table: str = "experiments") -> None:
+    db = lab / ".nightlab" / "ledger.db"
+    conn = sqlite3.connect(db)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(os.urandom(page_size))
+
+
+def test_corrupt_page_is_named_at_open_and_restore_puts_a_backup_back(fast_lab):
+    lab = fast_lab(slots=2)
+    ids = _run_once(lab)
+    assert backup.list_backups(lab / ".nightlab" / "ledger.db"), "the controller took no backup"
+    _corrupt_table(lab)
+    for args in (("status",), ("results", "--json"), ("show", ids[0])):
+        _one_line_error(nightlab(*args, cwd=lab, check=False), "is damaged", "nightlab doctor --restore")
+    doctor = nightlab("doctor", cwd=lab, check=False)
+    assert doctor.returncode == 1
+    fail = [line for line in doctor.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fail) == 1 and "ledger" in fail[0] and "nightlab doctor --restore" in fail[0], doctor.stdout
+    # a controller refuses to write on top of the damage
+    started = nightlab("fleet", "start", cwd=lab, check=False)
+    assert started.returncode == 1
+    assert "integrity check" in (lab / ".nightlab" / "controller.log").read_text()
+    restored = nightlab("doctor", "--restore", "--json", cwd=lab)
+    info = json.loads(restored.stdout)
+    assert info["experiments"] == len(ids) and os.path.exists(info["replaced"])
+    results = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
+    assert sorted(e["id"] for e in results["experiments"]) == ids
+    assert "FAIL  ledger" not in nightlab("doctor", cwd=lab, check=False).stdout
+
+
+WRITER = """
+import sys, time
+from nightlab.ledger import Ledger
+ledger = Ledger(sys.argv[1])
+for i in range(40):
+    ledger.log_event("probe", None, i=i)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_truncated_wal_is_detected_and_repaired(fast_lab):
+    lab = fast_lab(slots=1)
+    db = lab / ".nightlab" / "ledger.db"
+    # a writer killed with committed frames still in the WAL (no checkpoint), as after a crash
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    wal = db.with_name("ledger.db-wal")
+    size = wal.stat().st_size
+    with open(wal, "r+b") as f:
+        f.truncate(size - 3000)  # cut inside the last committed frames
+    line = _one_line_error(nightlab("status", cwd=lab, check=False), "write-ahead log", "--repair-wal")
+    assert "--restore" in line
+    doctor = nightlab("doctor", "--json", cwd=lab, check=False)
+    assert doctor.returncode == 1
+    ledger_check = next(c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "ledger")
+    assert ledger_check["fix"] == "nightlab doctor --repair-wal"
+    nightlab("doctor", "--repair-wal", cwd=lab)
+    assert not wal.exists() or wal.stat().st_size == 0
+    nightlab("status", cwd=lab)
+    from nightlab.ledger import open_ledger
+
+    with open_ledger(lab) as ledger:
+        probes = [e.data["i"] for e in ledger.events(kinds=["probe"])]
+        assert ledger.check(full=True) == []
+    assert probes == list(range(len(probes))) and 0 < len(probes) < 40  # the prefix before the cut
+
+
+def test_a_writer_killed_mid_frame_is_not_damage(fast_lab):
+    """A half frame at the end of the WAL belongs to an uncommitted transaction: no false alarm."""
+    lab = fast_lab(slots=1)
+    db = lab / ".nightlab" / "ledger.db"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    with open(db.with_name("ledger.db-wal"), "ab") as f:
+        f.write(b"\0" * 1000)  # the header and part of a frame that never committed
+    nightlab("status", cwd=lab)
+
+
+def test_backups_at_a_fixed_interval_keep_the_last_few(fast_lab):
+    lab = fast_lab(slots=1, sleep=1.0, backup_interval=1)
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text().replace("backup_interval = 1", "backup_interval = 1\nbackups = 2"))
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "keep 2"], cwd=lab, check=True
+    )
+    ids = submit_many(lab, 5, start=True)
+    seen: set[str] = set()
+    deadline = time.time() + 60
+    while time.time() < deadline and len(seen) < 3:
+        seen |= {b.path.name for b in backup.list_backups(lab / ".nightlab" / "ledger.db")}
+        time.sleep(0.1)
+    assert len(seen) >= 3, seen  # one per second while the wave ran
+    wait_finished(lab, ids)
+    nightlab("fleet", "stop", cwd=lab)
+    kept = backup.list_backups(lab / ".nightlab" / "ledger.db")
+    assert 1 <= len(kept) <= 2
+    for b in kept:
+        assert backup.check_file(b.path) is None
+        conn = sqlite3.connect(b.path)
+        assert conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 5
+        conn.close()
+    assert not list((lab / ".nightlab" / "backups").glob("*.tmp*"))
+
+
+def test_a_backup_is_taken_before_a_migration(tmp_path, monkeypatch):
+    from nightlab import ledger as ledger_mod
+
+    db = tmp_path / ".nightlab" / "ledger.db"
+    db.parent.mkdir()
+    with ledger_mod.Ledger(db, create=True) as ledger:
+        ledger.log_event("before-migration")
+    old = ledger_mod.SCHEMA_VERSION
+    monkeypatch.setattr(ledger_mod, "SCHEMA_VERSION", old + 1)
+    monkeypatch.setattr(ledger_mod, "MIGRATIONS", [*ledger_mod.MIGRATIONS, "CREATE TABLE probe (x INTEGER)"])
+    with ledger_mod.Ledger(db) as ledger:
+        assert ledger.schema_version() == old + 1
+    [pre] = backup.list_backups(db)
+    assert pre.pre_migration and pre.path.name.endswith(f"-pre-v{old}.db")
+    conn = sqlite3.connect(pre.path)
+    version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    assert int(version) == old
+    assert conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'before-migration'").fetchone()[0] == 1
+    conn.close()
+
+
+def test_doctor_names_a_dead_controller_its_leases_and_missing_refs(fast_lab):
+    lab = fast_lab(slots=2, sleep=30)
+    ids = submit_many(lab, 3)
+    nightlab("fleet", "start", cwd=lab)
+    from nightlab.ledger import open_ledger
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with open_ledger(lab) as ledger:
+            if len([a for a in ledger.open_attempts() if a.handle.get("pid")]) == 2:
+                break
+        time.sleep(0.05)
+    os.kill(controller_pid(lab), signal.SIGKILL)
+    subprocess.run(["git", "update-ref", "-d", f"refs/nightlab/{ids[2]}"], cwd=lab, check=True)
+    proc = nightlab("doctor", cwd=lab, check=False)
+    assert proc.returncode == 1
+    fails = {
+        line.split(":", 1)[0].split()[1]: line for line in proc.stdout.splitlines() if line.startswith("FAIL")
+    }
+    assert set(fails) == {"controller", "leases", "snapshots"}, proc.stdout
+    assert fails["controller"].endswith("fix: `nightlab fleet start`")
+    assert fails["leases"].endswith("fix: `nightlab fleet start`") and "2 run(s)" in fails["leases"]
+    fix = fails["snapshots"].split("fix: `", 1)[1].rstrip("`")
+    assert fix.startswith("git -C") and ids[2] in fix
+    subprocess.run(fix.split(), check=True)
+    nightlab("fleet", "start", cwd=lab)
+    report = json.loads(nightlab("doctor", "--json", cwd=lab, check=False).stdout)
+    assert report["ok"], [c for c in report["checks"] if not c["ok"]]
+    assert {c["name"] for c in report["checks"]} >= {
+        "git",
+        "python",
+        "torch",
+        "disk (logs)",
+        "ledger",
+        "backups",
+    }
