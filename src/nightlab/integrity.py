@@ -108,8 +108,9 @@ def explain(e: BaseException, db_path: Path, doing: str = "use") -> LedgerError:
     low = text.lower()
     if any(k in low for k in _CORRUPT):
         return LedgerError(f"ledger `{db_path}` is damaged ({text}); {RESTORE_HINT}")
-    if any(k in low for k in _FULL):
-        free = free_bytes(Path(db_path).parent)
+    free = free_bytes(Path(db_path).parent)
+    # on a full disk SQLite often says only "disk I/O error" (it could not grow the -shm or -wal)
+    if any(k in low for k in _FULL) or (any(k in low for k in _IO) and free is not None and free < 1 << 20):
         where = "" if free is None else f" ({free / 2**20:.1f} MiB free)"
         return LedgerError(
             f"the disk holding ledger `{db_path}` is full{where}: nothing was written; free some space "

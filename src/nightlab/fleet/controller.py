@@ -206,12 +206,10 @@ class Controller:
 
     def _shutdown(self) -> None:
         if self.ledger_failed:
+            # the controller row stays on purpose: the next CLI call sees a dead controller and
+            # starts one, which re-attaches these runs once the ledger can be written again
             for backend in self.backends.values():
                 backend.close()
-            try:
-                self.ledger.release_controller(self.pid)
-            except LedgerError:
-                pass  # the controller row stays: the next CLI call sees a dead controller and restarts one
             return
         # runs that we kill here did nothing wrong: they go back to the queue
         for active in list(self.active.values()):
@@ -325,17 +323,19 @@ class Controller:
         now = time.time()
         for key, active in list(self.active.items()):
             backend = self._backend(active.slot)
-            if active.killed is None:
+            # poll before enforcing the deadline: a run that ended by itself while no controller
+            # watched (a restart after a crash) has a real result, not a timeout
+            try:
+                ended = backend.poll(active.slot, active.spec, active.handle)
+            except NightlabError as e:
+                ended = RunExit(None, lost=True, detail=str(e))
+            if ended is None and active.killed is None:
                 if now > active.deadline:
                     active.killed, active.killed_at = "timeout", now
                     backend.kill(active.slot, active.spec, active.handle)
                 elif active.spec.experiment_id in cancel:
                     active.killed, active.killed_at = "cancelled", now
                     backend.kill(active.slot, active.spec, active.handle)
-            try:
-                ended = backend.poll(active.slot, active.spec, active.handle)
-            except NightlabError as e:
-                ended = RunExit(None, lost=True, detail=str(e))
             if ended is None and active.killed and now - active.killed_at > KILL_GRACE_SECONDS:
                 ended = RunExit(None, lost=True, detail="did not exit after being killed")
             if ended is not None:

@@ -145,6 +145,11 @@ class LocalBackend(BaseBackend):
             return None
         if status_file.exists():  # it ended between the two checks
             return RunExit(int(status_file.read_text().strip() or "1"))
+        if (spec.run_dir / "exit.tmp").exists():
+            # the wrapper reached its last line but could not write 3 bytes: the disk was full
+            return RunExit(
+                None, lost=True, detail="the run could not write its exit status: the disk was full"
+            )
         return RunExit(None, lost=True, detail="process gone without an exit status")
 
     def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None:
