@@ -7,6 +7,8 @@ silently fell back to the default would cost a night of GPU time.
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_NAME = "nightlab.toml"
+_SUMMARY_KEY = re.compile(r"[A-Za-z_][\w.\-]*")  # what fleet.runner reads as a summary key
+_TIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # part of worker names, shown in every table
 FOREIGN_TIMEOUT = 600.0  # autoresearch's rule: a run that takes over 10 minutes is killed
 
 
@@ -123,6 +127,8 @@ def _get(table: dict, where: str, key: str, kind: type | tuple[type, ...], defau
         raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
     if not isinstance(value, kind):
         raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
+    if isinstance(value, float) and not math.isfinite(value):  # TOML allows nan and inf
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be a finite number, got `{value!r}`")
     return value
 
 
@@ -146,6 +152,8 @@ def _parse_pool(raw: Any, index: int) -> PoolConfig:
         raise ConfigError(f"{CONFIG_NAME}: `{where}` must be a table ([[fleet.pool]])")
     backend = _get(raw, where, "backend", str, "local")
     tier = _get(raw, where, "tier", str)
+    if not _TIER.fullmatch(tier):
+        raise ConfigError(f"{CONFIG_NAME}: `{where}.tier` is `{tier!r}`; use a name like `h100` or `cpu`")
     if backend == "local":
         _no_unknown(raw, where, {"backend", "tier", "slots", "threads", "gpus"})
         gpus = tuple(_get(raw, where, "gpus", list, []))
@@ -184,11 +192,21 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     editable = _get(t, "target", "editable", list)
     if not editable or not all(isinstance(e, str) and e for e in editable):
         raise ConfigError(f"{CONFIG_NAME}: `target.editable` must be a non-empty list of file names")
+    for name in editable:
+        # snapshots read these from the working tree: a name must stay inside the lab
+        if name.startswith(("/", "\\")) or ".." in Path(name).parts or "\0" in name or name.strip() != name:
+            raise ConfigError(
+                f"{CONFIG_NAME}: `target.editable` entry `{name!r}` must be a file path inside the lab, "
+                "e.g. `train.py` or `src/model.py`"
+            )
     timeout = float(_get(t, "target", "timeout", (int, float), FOREIGN_TIMEOUT))
     if timeout <= 0:
         raise ConfigError(f"{CONFIG_NAME}: `target.timeout` must be positive, got `{timeout}`")
+    command = _get(t, "target", "command", str)
+    if not command.strip() or "\0" in command:
+        raise ConfigError(f"{CONFIG_NAME}: `target.command` must be a command line, e.g. `python train.py`")
     target = TargetConfig(
-        command=_get(t, "target", "command", str),
+        command=command,
         editable=tuple(editable),
         timeout=timeout,
         builtin=_get(t, "target", "builtin", bool, False),
@@ -199,7 +217,13 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     direction = _get(m, "metric", "direction", str, "lower")
     if direction not in ("lower", "higher"):
         raise ConfigError(f"{CONFIG_NAME}: `metric.direction` is `{direction}`; use `lower` or `higher`")
-    metric = MetricConfig(name=_get(m, "metric", "name", str, "val_bpb"), direction=direction)
+    metric_name = _get(m, "metric", "name", str, "val_bpb")
+    if not _SUMMARY_KEY.fullmatch(metric_name):
+        raise ConfigError(
+            f"{CONFIG_NAME}: `metric.name` is `{metric_name!r}`; it must be a summary key such as `val_bpb` "
+            "(letters, digits, `_`, `.`, `-`)"
+        )
+    metric = MetricConfig(name=metric_name, direction=direction)
 
     f = _table(doc, "fleet")
     _no_unknown(
@@ -226,10 +250,15 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
             f"{CONFIG_NAME}: `fleet.backup_interval` must be positive and `fleet.backups` at least 1, "
             f"got `{backup_interval}` and `{backups}`"
         )
+    idle_shutdown = float(_get(f, "fleet", "idle_shutdown", (int, float), 900.0))
+    if idle_shutdown < 0:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `fleet.idle_shutdown` must be 0 or more seconds, got `{idle_shutdown}`"
+        )
     fleet = FleetConfig(
         pools=pools,
         default_tier=default_tier,
-        idle_shutdown=float(_get(f, "fleet", "idle_shutdown", (int, float), 900.0)),
+        idle_shutdown=idle_shutdown,
         retries=retries,
         backup_interval=backup_interval,
         backups=backups,
@@ -242,6 +271,12 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         incumbent_max_age_waves=_get(s, "search", "incumbent_max_age_waves", int, 3),
         promote_top_k=_get(s, "search", "promote_top_k", int, 3),
     )
+    if search.z <= 0 or search.incumbent_max_age_waves < 1 or search.promote_top_k < 1:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `search.z` must be positive and `search.incumbent_max_age_waves` and "
+            f"`search.promote_top_k` at least 1, got `{search.z}`, `{search.incumbent_max_age_waves}` "
+            f"and `{search.promote_top_k}`"
+        )
     profile = doc.get("profile")
     if profile is not None and not isinstance(profile, dict):
         raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")

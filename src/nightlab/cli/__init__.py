@@ -82,6 +82,26 @@ def cli() -> None:
     """
 
 
+MAX_MESSAGE = 2000  # characters of an error line; a 10,000-character id is shown cut
+_UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, formats (bidi), separators, unassigned
+
+
+def one_line(message: str) -> str:
+    """An error message safe to print as one terminal line.
+
+    Messages quote the user's value, and a value can hold a newline, `\\r`, NUL, an ANSI
+    escape or a right-to-left override (found by tests/reliability): those are shown
+    escaped (`\\n`, `\\x00`, `\\u202e`), never interpreted by the terminal.
+    """
+    import unicodedata
+
+    out = "".join(
+        ch.encode("unicode_escape").decode() if unicodedata.category(ch) in _UNPRINTABLE else ch
+        for ch in message
+    )
+    return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 1] + "…"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the command and maps errors to exit codes (1 failed, 2 bad input)."""
     from nightlab.errors import NightlabError
@@ -101,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except NightlabError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {one_line(str(e))}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -80,8 +80,9 @@ def parse_summary(text: str) -> dict[str, Any] | None:
         if lines[start].strip() != "---":
             continue
         block: dict[str, Any] = {}
-        for line in lines[start + 1 :]:
-            match = _KEY_VALUE.match(line)
+        # indices, not `lines[start + 1:]`: a copy per `---` made a tail of 64k `---` lines take minutes
+        for i in range(start + 1, len(lines)):
+            match = _KEY_VALUE.match(lines[i])
             if not match:
                 break
             block[match.group(1)] = _value(match.group(2))

@@ -25,6 +25,7 @@ Usage:
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -148,12 +149,16 @@ def parse_value(text: str) -> object:
         raise UsageError(f"knob value `{text!r}` spans several lines; give it on one line")
     try:
         tree = ast.parse(text.strip(), mode="eval")
-        return _evaluate(tree.body)
-    except (SyntaxError, _NotConstant):
+        value = _evaluate(tree.body)
+    # ValueError: a NUL byte; MemoryError / RecursionError: 100k nested `-` or `(` (found by tests/reliability)
+    except (SyntaxError, ValueError, MemoryError, RecursionError, _NotConstant):
         raise UsageError(
-            f"knob value `{text}` is not a Python literal or constant expression; "
+            f"knob value `{text[:80]}` is not a Python literal or constant expression; "
             "use e.g. 0.02, 2**16, 'L', True or (1, 2) (quote strings)"
         ) from None
+    if isinstance(value, float) and not math.isfinite(value):  # `1e309` reads as inf
+        raise UsageError(f"knob value `{text[:80]}` is not a finite number; give a finite value, e.g. 0.02")
+    return value
 
 
 @dataclass(frozen=True)

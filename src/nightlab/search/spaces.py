@@ -255,10 +255,15 @@ def _malformed(spec: str, why: str) -> UsageError:
     return UsageError(f"bad search space `{spec}`: {why}; accepted forms: {SPACE_FORMS}")
 
 
+MAX_CHOICES = 100  # a longer list is a mistake, and parsing it costs O(n^2) source lookups (1,000: 4 s)
+
+
 def _list_sources(spec: str, body: str) -> tuple[str, ...]:
+    if body.count(",") >= MAX_CHOICES:
+        raise _malformed(spec, f"a list takes at most {MAX_CHOICES} values; use a range such as int(lo,hi)")
     try:
         tree = ast.parse(f"[{body}]", mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         raise _malformed(spec, "the values are not a comma-separated list of literals") from None
     assert isinstance(tree.body, ast.List)
     sources: list[str] = []
@@ -313,6 +318,8 @@ def parse_space(spec: str) -> Dimension:
     ):
         raise _malformed(spec, f"{kind}(lo,hi) needs two numbers")
     lo, hi = bounds
+    if not all(math.isfinite(b) for b in bounds):  # `1e309` reads as inf
+        raise _malformed(spec, f"{kind}(lo,hi) needs finite bounds")
     if not lo < hi:
         raise _malformed(spec, f"need lo < hi, got lo={lo!r}, hi={hi!r}")
     if kind == "int" and not (float(lo).is_integer() and float(hi).is_integer()):
