@@ -23,7 +23,7 @@ from nightlab.config import parse_config, tomllib
 from nightlab.errors import ConfigError, UsageError
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -9,8 +9,8 @@ last well-formed block (a `---` line followed by at least one `key: value` line)
 from __future__ import annotations
 
 import math
-import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,7 +103,7 @@ def test_arbitrary_text_never_raises(text, exit_code, timed_out, lost):
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(
     st.lists(JUNK_LINE, max_size=8),
@@ -133,11 +133,17 @@ def test_the_last_well_formed_block_wins(prefix, several, suffix, newline, exit_
         assert exit_code == 0 and math.isfinite(outcome.metrics["val_bpb"])
 
 
-def test_pathological_tails_are_parsed_in_well_under_a_second(tmp_path):
-    """Found by this suite: 64k `---` lines (the 256 KiB tail) took ~20 s, O(n^2) list copies."""
-    for text in ("---\n" * 65536, "---\nval_bpb: " + " " * 200_000 + "x\n", "\r" * 262_144, "\x1b[" * 80_000):
+@pytest.mark.timeout(60)  # a hang guard, not a timing: the quadratic parser took minutes on these
+def test_pathological_tails_never_hang(tmp_path):
+    """Found by this suite: every `---` line copied the rest of the list (O(n^2)); 100k of
+    them took 55 s. Each of these now takes well under a second (bench/reliability.py)."""
+    for text in (
+        "---\n" * 400_000,
+        "---\nval_bpb: " + " " * 200_000 + "x\n",
+        "\r" * 262_144,
+        "\x1b[" * 80_000,
+    ):
+        assert parse_summary(text) is None or isinstance(parse_summary(text), dict)
         log = tmp_path / "log.txt"
         log.write_text(text)
-        started = time.perf_counter()
         classify(0, read_tail(log), metric="val_bpb")
-        assert time.perf_counter() - started < 5.0  # generous: the fixed parser takes ~0.3 s here

@@ -35,7 +35,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from nightlab.errors import LedgerError, NightlabError, UnknownExperimentError
+from nightlab.errors import LedgerError, NightlabError, UnknownExperimentError, UsageError
 from nightlab.web import _views
 from nightlab.web._readonly import ReadOnlyLab
 
@@ -249,7 +249,8 @@ def create_app(
 
     @app.exception_handler(NightlabError)
     async def lab_error(request: Request, exc: NightlabError) -> Response:
-        status = 503 if isinstance(exc, LedgerError) else 500
+        # bad input in a URL is the client's (400), a damaged or busy ledger the lab's (503)
+        status = 503 if isinstance(exc, LedgerError) else 400 if isinstance(exc, UsageError) else 500
         return JSONResponse({"error": str(exc)}, status_code=status)
 
     # ------------------------------------------------------------------ JSON
