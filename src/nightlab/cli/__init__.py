@@ -115,6 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:
+        # one line, like every other refusal (click's own form is usage + hint + error, 4 lines)
+        where = f"; see `{e.ctx.command_path} --help`" if e.ctx is not None else ""
+        click.echo(f"error: {one_line(e.format_message())}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
