@@ -60,7 +60,8 @@ def test_corrupt_page_is_named_at_open_and_restore_puts_a_backup_back(fast_lab):
     assert len(fail) == 1 and "ledger" in fail[0] and "nightlab doctor --restore" in fail[0], doctor.stdout
     # a controller refuses to write on top of the damage
     started = nightlab("fleet", "start", cwd=lab, check=False)
-    assert started.returncode == 1
+    assert started.returncode == 1, started.stdout
+    assert "exited at start" in started.stderr
     assert "integrity check" in (lab / ".nightlab" / "controller.log").read_text()
     restored = nightlab("doctor", "--restore", "--json", cwd=lab)
     info = json.loads(restored.stdout)

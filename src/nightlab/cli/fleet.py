@@ -37,6 +37,12 @@ def start(cpu_slots, foreground, lab_dir) -> None:
             raise ControllerError(
                 "a controller is already running for this lab; stop it with `nightlab fleet stop`"
             )
+        if code:
+            from nightlab.errors import ControllerError
+
+            raise ControllerError(
+                f"the controller stopped with code {code}; see {path / '.nightlab' / 'controller.log'}"
+            )
         return
     pid = daemon.start_background(path, cpu_slots=cpu_slots)
     click.echo(pid)

@@ -29,7 +29,7 @@ from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.fleet.runner import classify, read_tail, trim_log
-from nightlab.integrity import RESTORE_HINT, free_bytes
+from nightlab.integrity import free_bytes
 from nightlab.ledger import Attempt, Ledger
 from nightlab.snapshots import tree_of
 
@@ -141,12 +141,6 @@ class Controller:
     # ------------------------------------------------------------------ life cycle
 
     def run(self) -> None:
-        problems = self.ledger.check()
-        if problems:
-            # writing on top of a damaged b-tree spreads the damage: refuse before the first write
-            raise LedgerError(
-                f"ledger `{self.ledger.path}` fails its integrity check ({problems[0]}); {RESTORE_HINT}"
-            )
         self.ledger.claim_controller(self.pid, socket.gethostname())
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in self.slots])
         self._recover()

@@ -119,6 +119,12 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
         if lock is None:
             print(f"nightlab: a controller already runs for {lab_dir}", file=sys.stderr)
             return 3
+        problem = _ledger_problem(lab_dir)
+        if problem is not None:
+            # before the pid file: `start_background` then reports the failed start instead of a pid
+            logging.getLogger("nightlab.controller").error("controller refused to start: %s", problem)
+            print(f"nightlab: {problem}", file=sys.stderr)
+            return 1
         pid_file = lab_dir / ".nightlab" / "controller.pid"
         pid_file.write_text(str(os.getpid()))
         try:
@@ -139,6 +145,22 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
         finally:
             pid_file.unlink(missing_ok=True)
     return 0
+
+
+def _ledger_problem(lab_dir: Path) -> str | None:
+    """Why the ledger must not be written (damaged, cut WAL, unreadable), or None."""
+    from nightlab.integrity import RESTORE_HINT
+    from nightlab.ledger import open_ledger
+
+    try:
+        with open_ledger(lab_dir) as ledger:
+            problems = ledger.check()
+    except NightlabError as e:
+        return str(e)
+    if problems:
+        # writing on top of a damaged b-tree spreads the damage: refuse before the first write
+        return f"ledger `{lab_dir / '.nightlab' / 'ledger.db'}` fails its integrity check ({problems[0]}); {RESTORE_HINT}"
+    return None
 
 
 def revive(lab_dir: Path, ledger=None) -> int | None:
