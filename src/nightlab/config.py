@@ -65,6 +65,13 @@ class FleetConfig:
     retries: int = 2
     backup_interval: float = 600.0  # seconds between the controller's online ledger backups
     backups: int = 5  # periodic backups kept in .nightlab/backups/
+    # machine health (fleet/health.py): a run that got less of the CPU it asked for, or ran at
+    # less of its GPU's max SM clock, is `degraded`; 0 turns the check off
+    min_cpu_share: float = 0.7
+    min_clock_share: float = 0.8
+    # allow local slots that together ask for more threads than this machine's cores, or that
+    # share a GPU: every run then competes with its neighbours and most end `degraded`
+    oversubscribe: bool = False
 
     @property
     def tiers(self) -> list[str]:
@@ -227,7 +234,19 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
 
     f = _table(doc, "fleet")
     _no_unknown(
-        f, "fleet", {"pool", "default_tier", "idle_shutdown", "retries", "backup_interval", "backups"}
+        f,
+        "fleet",
+        {
+            "pool",
+            "default_tier",
+            "idle_shutdown",
+            "retries",
+            "backup_interval",
+            "backups",
+            "min_cpu_share",
+            "min_clock_share",
+            "oversubscribe",
+        },
     )
     pools_raw = _get(f, "fleet", "pool", list)
     if not pools_raw:
@@ -255,6 +274,13 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         raise ConfigError(
             f"{CONFIG_NAME}: `fleet.idle_shutdown` must be 0 or more seconds, got `{idle_shutdown}`"
         )
+    shares = {}
+    for key, default in (("min_cpu_share", 0.7), ("min_clock_share", 0.8)):
+        shares[key] = float(_get(f, "fleet", key, (int, float), default))
+        if not 0 <= shares[key] <= 1:
+            raise ConfigError(
+                f"{CONFIG_NAME}: `fleet.{key}` must be between 0 (off) and 1, got `{shares[key]:g}`"
+            )
     fleet = FleetConfig(
         pools=pools,
         default_tier=default_tier,
@@ -262,6 +288,9 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         retries=retries,
         backup_interval=backup_interval,
         backups=backups,
+        min_cpu_share=shares["min_cpu_share"],
+        min_clock_share=shares["min_clock_share"],
+        oversubscribe=_get(f, "fleet", "oversubscribe", bool, False),
     )
 
     s = _table(doc, "search", required=False)

@@ -30,7 +30,7 @@ from typing import Any
 from nightlab import integrity
 from nightlab.errors import LedgerError, UnknownExperimentError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
 # append a new one and a test that upgrades a committed ledger of the old version.
@@ -124,6 +124,14 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_experiment ON events(experiment_id);
     """,
+    # v2 (issue 21): the machine health of a run (JSON, `fleet.health.Health`), what its
+    # verdict was judged against (JSON: incumbent snapshot, figure, n) and its comparison
+    # epoch (the key of the measurement setup: budget, profile, metric, timeout)
+    """
+    ALTER TABLE experiments ADD COLUMN health TEXT;
+    ALTER TABLE experiments ADD COLUMN judged TEXT;
+    ALTER TABLE experiments ADD COLUMN epoch TEXT NOT NULL DEFAULT '';
+    """,
 ]
 
 
@@ -175,10 +183,18 @@ class Experiment(_AsDict):
     finished_at: float | None
     adopted_at: float | None
     metrics: dict[str, Any] = field(default_factory=dict)
+    health: dict[str, Any] | None = None  # `fleet.health.Health.to_dict()` of the final attempt
+    judged: dict[str, Any] | None = None  # what the verdict was judged against (see `set_verdict`)
+    epoch: str = ""  # key of the measurement setup it ran under (`nightlab.identity.epoch_key`)
 
     @property
     def ok(self) -> bool:
         return self.status == ExperimentStatus.FINISHED and self.outcome == "ok"
+
+    @property
+    def degraded(self) -> bool:
+        """Finished with a summary, but its machine starved or throttled it: never judged."""
+        return self.status == ExperimentStatus.FINISHED and self.outcome == "degraded"
 
     def metric(self, key: str) -> float | None:
         value = self.metrics.get(key)
@@ -202,6 +218,7 @@ class Experiment(_AsDict):
             "params": self.params,
             "description": self.description,
             metric: self.metric(metric) if self.ok else None,
+            "degraded": (self.health or {}).get("reason") if self.degraded else None,
         }
 
 
@@ -277,6 +294,7 @@ class NewExperiment:
     priority: int = 0
     params: dict[str, str] = field(default_factory=dict)
     source: str = "cli"
+    epoch: str = ""
 
 
 def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> Experiment:
@@ -304,6 +322,9 @@ def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> E
         finished_at=row["finished_at"],
         adopted_at=row["adopted_at"],
         metrics=metrics or {},
+        health=json.loads(row["health"]) if row["health"] else None,
+        judged=json.loads(row["judged"]) if row["judged"] else None,
+        epoch=row["epoch"],
     )
 
 
@@ -472,8 +493,8 @@ class Ledger:
                 eid = f"e{seq:04d}"
                 c.execute(
                     "INSERT INTO experiments (id, seq, snapshot, tree, parent, description, tier, seed, wave,"
-                    " priority, params, source, status, submitted_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " priority, params, source, status, submitted_at, epoch)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         eid,
                         seq,
@@ -489,6 +510,7 @@ class Ledger:
                         item.source,
                         int(ExperimentStatus.QUEUED),
                         now,
+                        item.epoch,
                     ),
                 )
                 self._event(c, "submit", eid, tier=item.tier, seed=item.seed, wave=item.wave)
@@ -605,10 +627,54 @@ class Ledger:
         )
         return {r["seed"] for r in rows}
 
-    def set_verdict(self, experiment_id: str, verdict: str | None) -> None:
+    def epochs(self) -> list[tuple[str, str, str]]:
+        """(epoch key, id of its first experiment, that experiment's snapshot), in order of first use."""
+        rows = self._query(
+            "SELECT e.epoch, e.id, e.snapshot FROM experiments e JOIN"
+            " (SELECT epoch, MIN(seq) AS seq FROM experiments WHERE epoch != '' GROUP BY epoch) f"
+            " ON e.seq = f.seq ORDER BY e.seq"
+        )
+        return [(r["epoch"], r["id"], r["snapshot"]) for r in rows]
+
+    def meta(self, key: str) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0]["value"] if rows else None
+
+    def rekey(self, keys: dict[str, tuple[str, str]], *, meta: tuple[str, str]) -> int:
+        """Set (tree, epoch) of the experiments of each snapshot in `keys`, and a meta entry, at once."""
+        changed = 0
         with self.transaction() as c:
-            c.execute("UPDATE experiments SET verdict = ? WHERE id = ?", (verdict, experiment_id))
-            self._event(c, "verdict", experiment_id, verdict=verdict)
+            for snapshot, (tree, epoch) in keys.items():
+                changed += c.execute(
+                    "UPDATE experiments SET tree = ?, epoch = ? WHERE snapshot = ? AND (tree != ? OR epoch != ?)",
+                    (tree, epoch, snapshot, tree, epoch),
+                ).rowcount
+            c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta)
+            if changed:
+                self._event(c, "rekey", None, experiments=changed, scheme=meta[1])
+        return changed
+
+    def set_verdict(
+        self, experiment_id: str, verdict: str | None, *, judged: dict[str, Any] | None = None
+    ) -> None:
+        """Store a verdict and what it was judged against (incumbent snapshot, figure, n).
+
+        The event keeps the earlier verdict and context, so a re-judged run's history stays.
+        """
+        with self.transaction() as c:
+            row = c.execute(
+                "SELECT verdict, judged FROM experiments WHERE id = ?", (experiment_id,)
+            ).fetchone()
+            c.execute(
+                "UPDATE experiments SET verdict = ?, judged = COALESCE(?, judged) WHERE id = ?",
+                (verdict, json.dumps(judged) if judged else None, experiment_id),
+            )
+            before = (
+                {"was": row["verdict"], "was_judged": json.loads(row["judged"])}
+                if row and row["judged"]
+                else {}
+            )
+            self._event(c, "verdict", experiment_id, verdict=verdict, judged=judged, **before)
 
     def mark_adopted(self, experiment_id: str) -> None:
         with self.transaction() as c:
@@ -639,17 +705,27 @@ class Ledger:
 
     # ------------------------------------------------------------------ attempts (controller side)
 
-    def lease_next(self, worker: str, tier: str, *, handle: dict[str, Any] | None = None) -> Attempt | None:
+    def lease_next(
+        self,
+        worker: str,
+        tier: str,
+        *,
+        handle: dict[str, Any] | None = None,
+        skip: Iterable[str] = (),
+    ) -> Attempt | None:
         """Atomically move the next queued experiment of `tier` to RUNNING on `worker`.
 
-        Order: highest priority first, then submission order.
+        Order: highest priority first, then submission order. `skip`: ids this worker must
+        not take (a re-run of a degraded result waits for another slot).
         """
         now = time.time()
+        skipped = sorted(skip)
         with self.transaction() as c:
             row = c.execute(
                 "SELECT id, attempts FROM experiments WHERE status = ? AND tier = ?"
-                " ORDER BY priority DESC, seq LIMIT 1",
-                (int(ExperimentStatus.QUEUED), tier),
+                + (f" AND id NOT IN ({','.join('?' * len(skipped))})" if skipped else "")
+                + " ORDER BY priority DESC, seq LIMIT 1",
+                (int(ExperimentStatus.QUEUED), tier, *skipped),
             ).fetchone()
             if row is None:
                 return None
@@ -712,12 +788,15 @@ class Ledger:
         max_attempts: int = 1,
         worker_state: str = "idle",
         verdict: str | None = None,
+        judged: dict[str, Any] | None = None,
+        health: dict[str, Any] | None = None,
     ) -> str | None:
         """End an attempt and, through it, its experiment.
 
         `retry=True` (infrastructure failures) puts the experiment back in the queue while
         it has had fewer than `max_attempts` attempts. `verdict` is stored with a final
-        outcome in the same transaction. Returns the experiment's new state
+        outcome in the same transaction, with `judged` (what it was judged against) and the
+        attempt's machine `health`. Returns the experiment's new state
         (`"queued"`, `"finished"`, `"cancelled"`), or None when this attempt had already
         ended or was superseded: nothing is changed then.
         """
@@ -753,9 +832,18 @@ class Ledger:
             else:
                 state = "finished"
                 c.execute(
-                    "UPDATE experiments SET status = ?, outcome = ?, detail = ?, verdict = ?, finished_at = ?"
-                    " WHERE id = ?",
-                    (int(ExperimentStatus.FINISHED), outcome, detail, verdict, now, eid),
+                    "UPDATE experiments SET status = ?, outcome = ?, detail = ?, verdict = ?, finished_at = ?,"
+                    " judged = ?, health = ? WHERE id = ?",
+                    (
+                        int(ExperimentStatus.FINISHED),
+                        outcome,
+                        detail,
+                        verdict,
+                        now,
+                        json.dumps(judged) if judged else None,
+                        json.dumps(health) if health else None,
+                        eid,
+                    ),
                 )
                 for key, value in (metrics or {}).items():
                     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -30,6 +30,8 @@ _FIXED_WIDE = ("tier", "seed", "wave", "outcome", "verdict", "submitted_at", "st
 
 
 def tsv_status(e: Experiment) -> str:
+    if e.degraded:  # it ran to the end on a starved or throttled machine: not kept, not a crash
+        return "discard"
     if not e.ok:
         return "crash"
     if e.adopted_at is not None or e.verdict in ("keep", "baseline"):
@@ -65,7 +67,7 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: 
             f"{value:.6f}" if value is not None else "0.000000",
             f"{vram / 1024:.1f}" if vram is not None else "0.0",
             status,
-            _clean(e.description),
+            _clean(e.description) + (f" [degraded: {_clean(e.detail or '')}]" if e.degraded else ""),
         ]
         if wide:
             for col in _FIXED_WIDE:

@@ -64,6 +64,10 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
         from nightlab.harness.owned import TRUST_NOTES
 
         out.print(f"  trust {data['trust']}: {TRUST_NOTES[data['trust']]}")
+    if e.health:
+        from nightlab.fleet.health import Health
+
+        out.print(f"  health {Health.from_dict(e.health).summary()}")
     out.print(
         f"  tier {e.tier}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, snapshot {e.snapshot[:12]}"
     )

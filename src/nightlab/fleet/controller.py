@@ -23,15 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nightlab.analysis import refresh_pending, refresh_siblings, verdict_for
+from nightlab import identity
+from nightlab.analysis import judged_context, refresh_pending, refresh_siblings, verdict_for
 from nightlab.config import LabConfig
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.fleet.health import HealthWatch
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.fleet.runner import classify, read_tail, trim_log
 from nightlab.integrity import free_bytes
 from nightlab.ledger import Attempt, Ledger
-from nightlab.snapshots import tree_of
 
 log = logging.getLogger("nightlab.controller")
 
@@ -101,6 +102,16 @@ def _disk_full(run_dir: Path, tail: str) -> bool:
     return (free is not None and free < LOW_DISK_BYTES) or "No space left on device" in tail[-4096:]
 
 
+def _config_blob(lab_dir: Path) -> str | None:
+    """The git object of the committed nightlab.toml (None outside a git checkout)."""
+    from nightlab.snapshots import git_text
+
+    try:
+        return git_text(lab_dir, "rev-parse", "HEAD:nightlab.toml")
+    except NightlabError:
+        return None
+
+
 class Controller:
     """The dispatch loop of one lab. `run()` returns when stopped or idle for long enough."""
 
@@ -114,6 +125,8 @@ class Controller:
         backends: dict[str, BaseBackend],
         poll_interval: float = 0.02,
         idle_interval: float = 0.05,
+        watch_config: bool = False,
+        cpu_slots: int | None = None,
     ) -> None:
         self.lab_dir = lab_dir
         self.config = config
@@ -137,6 +150,12 @@ class Controller:
         self._next_backup = 0.0
         self._disk_warned = 0.0
         self.ledger_failed = False
+        self.health = HealthWatch(config.fleet, slots)
+        # the daemon's controller follows the committed nightlab.toml: new pools, slots and
+        # threads take effect without stopping running work (see `_follow_config`)
+        self.watch_config = watch_config
+        self.cpu_slots = cpu_slots
+        self._config_blob = _config_blob(lab_dir) if watch_config else None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -154,6 +173,9 @@ class Controller:
                     if not self.ledger.controller_heartbeat(self.pid):
                         self.stopping = True
                     self.ledger.heartbeat(a.attempt.id for a in self.active.values())
+                    self.health.sample()
+                    if self.watch_config:
+                        self._follow_config()
                     last_beat = now
                 if self.stopping:
                     break
@@ -198,6 +220,45 @@ class Controller:
     def request_stop(self, *_: object) -> None:
         self.stopping = True
 
+    def _follow_config(self) -> None:
+        """Take up a newly committed nightlab.toml: its pools, slots and threads, its timeout.
+
+        Running attempts keep their slot (one that left the config is watched to its end and
+        then gets no more work). A config that does not parse, or whose local slots would
+        oversubscribe the machine, is logged and ignored: the fleet keeps the last good one.
+        """
+        blob = _config_blob(self.lab_dir)
+        if blob == self._config_blob:
+            return
+        self._config_blob = blob
+        from nightlab.config import load_lab_config
+        from nightlab.fleet.health import check_capacity
+
+        try:
+            config = load_lab_config(self.lab_dir).config
+            check_capacity(config, cpu_slots=self.cpu_slots)
+            slots, backends = build_slots(config, cpu_slots=self.cpu_slots, lab_dir=self.lab_dir)
+        except NightlabError as e:
+            log.warning("the committed nightlab.toml is not taken up: %s", e)
+            self.ledger.log_event("config-refused", None, error=str(e))
+            return
+        for kind, backend in backends.items():
+            if kind in self.backends:
+                backend.close()
+            else:
+                self.backends[kind] = backend
+        self.config, self.slots = config, slots
+        self._fingerprint = expected_fingerprint(config)
+        self._max_training = max_training_seconds(config)
+        self.health.update_slots(slots, config.fleet)
+        self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
+        for active in self.active.values():
+            self.ledger.set_worker(active.slot.name, state="busy", experiment_id=active.attempt.experiment_id)
+        log.info(
+            "took up the committed nightlab.toml: %d slots (%s)", len(slots), ", ".join(config.fleet.tiers)
+        )
+        self.ledger.log_event("config-reload", None, slots=len(slots), tiers=config.fleet.tiers)
+
     def _shutdown(self) -> None:
         if self.ledger_failed:
             # the controller row stays on purpose: the next CLI call sees a dead controller and
@@ -218,6 +279,7 @@ class Controller:
             )
             self._backend(active.slot).cleanup(active.spec)
         self.active.clear()
+        self.health.close()
         for backend in self.backends.values():
             backend.close()
         self.ledger.release_controller(self.pid)
@@ -305,6 +367,7 @@ class Controller:
             key = slot.name if slot.name not in busy else f"{slot.name}#{attempt.id}"
             busy.add(slot.name)
             self.active[key] = _Active(slot, attempt, spec, attempt.handle, attempt.started_at + spec.timeout)
+            self.health.watch(attempt, slot, attempt.handle)
             self.ledger.set_worker(slot.name, state="busy", experiment_id=attempt.experiment_id)
             self.ledger.log_event("reattach", attempt.experiment_id, worker=slot.name, attempt=attempt.number)
 
@@ -375,10 +438,18 @@ class Controller:
                     f"the disk holding `{active.spec.run_dir}` filled up while the run wrote its log "
                     f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
                 )
+        health = self.health.finish(active.attempt)
+        if outcome == "ok" and health is not None and health.degraded:
+            outcome, detail = "degraded", health.reason
         exp = self.ledger.get(active.spec.experiment_id)
         final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
         value = metrics.get(self.config.metric.name)
         verdict = verdict_for(self.ledger, self.config, self.lab_dir, exp, outcome, value) if final else None
+        judged = (
+            judged_context(self.ledger, self.config, self.lab_dir, exp.tier)
+            if outcome == "ok" and final
+            else None
+        )
         state = self.ledger.finish_attempt(
             active.attempt.id,
             outcome=outcome,
@@ -388,12 +459,16 @@ class Controller:
             retry=outcome == "infra",
             max_attempts=1 + self.config.fleet.retries,
             verdict=verdict,
+            judged=judged,
+            health=health.to_dict() if health is not None else None,
         )
         trim_log(active.spec.log_path)
+        if state == "finished" and outcome == "degraded":
+            self.health.rerun(self.ledger, self.lab_dir, exp, active.slot)
         self._backend(active.slot).cleanup(active.spec)
         if state == "finished" and outcome == "ok":
-            refresh_siblings(self.ledger, exp, verdict)
-            if verdict in ("keep", "baseline") and exp.tree == tree_of(self.lab_dir, "HEAD"):
+            refresh_siblings(self.ledger, exp, verdict, judged=judged)
+            if verdict in ("keep", "baseline") and exp.tree == identity.of(self.lab_dir, "HEAD"):
                 # the incumbent's figure (and maybe the noise floor) changed: candidates judged
                 # too early get their verdict now, not when someone happens to read them
                 refresh_pending(self.ledger, self.config, self.lab_dir, exp.tier)
@@ -408,9 +483,15 @@ class Controller:
         for slot in free:
             if not queued.get(slot.tier) or not self._backend(slot).available(slot):
                 continue
-            attempt = self.ledger.lease_next(slot.name, slot.tier, handle={"backend": slot.backend})
+            allowed, skip = self.health.lease_rule(slot, [a.slot for a in self.active.values()])
+            if not allowed:
+                continue
+            attempt = self.ledger.lease_next(
+                slot.name, slot.tier, handle={"backend": slot.backend}, skip=skip
+            )
             if attempt is None:
-                queued[slot.tier] = 0
+                if not skip:  # else only the re-runs this slot skips may be left
+                    queued[slot.tier] = 0
                 continue
             queued[slot.tier] -= 1
             spec = self._spec(attempt)
@@ -429,6 +510,7 @@ class Controller:
                 )
                 continue
             self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
+            self.health.watch(attempt, slot, handle)
             self.active[slot.name] = _Active(slot, attempt, spec, handle, time.time() + spec.timeout)
         return any(queued.get(t) for t in {s.tier for s in self.slots})
 

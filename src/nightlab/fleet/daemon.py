@@ -55,6 +55,10 @@ def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool 
         raise ControllerError(
             f"a controller is already running for this lab (pid {pid}); stop it with `nightlab fleet stop`"
         )
+    from nightlab.config import load_lab_config
+    from nightlab.fleet.health import check_capacity
+
+    check_capacity(load_lab_config(lab_dir).config, cpu_slots=cpu_slots)  # one line, before anything starts
     log_path = lab_dir / ".nightlab" / "controller.log"
     args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir)]
     if cpu_slots:
@@ -132,9 +136,28 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
             if loaded.uncommitted:
                 logging.getLogger("nightlab.controller").warning(UNCOMMITTED_WARNING)
             config = loaded.config
+            from nightlab.errors import UsageError
+            from nightlab.fleet.health import check_capacity
+
+            try:
+                check_capacity(config, cpu_slots=cpu_slots)
+            except UsageError as e:
+                print(f"nightlab: {e}", file=sys.stderr)
+                return 2
             slots, backends = build_slots(config, cpu_slots=cpu_slots, lab_dir=lab_dir)
             with open_ledger(lab_dir) as ledger:
-                controller = Controller(lab_dir, config, ledger, slots=slots, backends=backends)
+                from nightlab import identity
+
+                identity.rekey(lab_dir, ledger)
+                controller = Controller(
+                    lab_dir,
+                    config,
+                    ledger,
+                    slots=slots,
+                    backends=backends,
+                    watch_config=True,
+                    cpu_slots=cpu_slots,
+                )
                 signal.signal(signal.SIGTERM, controller.request_stop)
                 signal.signal(signal.SIGINT, controller.request_stop)
                 controller.run()

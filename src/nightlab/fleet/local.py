@@ -41,7 +41,9 @@ def local_slots(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[Worke
             for g in pool.gpus
         ]
     n = cpu_slots or pool.slots
-    threads = pool.threads or max(1, (os.cpu_count() or 1) // n)
+    # the cores this process may use (taskset, a container's cpuset), not the machine's count
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = pool.threads or max(1, cores // n)
     env = {var: str(threads) for var in _THREAD_VARS}
     env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot must not grab a GPU behind the fleet's back
     return [

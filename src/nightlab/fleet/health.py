@@ -1,0 +1,518 @@
+"""Machine health of a run, measured from outside the target: was it starved or throttled?
+
+Under a wall-clock budget a run that gets half the CPU trains half the steps and scores
+worse for reasons that have nothing to do with its code. The controller therefore samples
+every local run while it runs and attaches a `Health` record to its result; a run whose
+machine failed it beyond the thresholds below is `degraded`: recorded with its figures,
+never judged, kept out of noise floors and incumbent figures, and re-run once.
+
+CPU (every local run, Linux): every thread of the run's process group is read from
+`/proc/<pid>/task/<tid>/schedstat` (nanoseconds on a CPU, nanoseconds runnable but waiting
+for one). From the last value seen of every thread:
+
+    cpu_share = CPU time / (wall x slot threads)   the share of its thread-seconds the run got
+    got_share = CPU time / (CPU time + run-queue wait)   of the CPU it asked for, how much it got
+
+`cpu_share` alone cannot tell a starved run from one that did not want the CPU (a target
+that sleeps, waits on a GPU or on I/O), so the verdict uses `got_share`: the time a thread
+was ready to run and no core took it is starvation and nothing else. A run is degraded when
+
+    got_share < MIN_GOT_SHARE (0.7)   and   waited >= MIN_WAITED_SECONDS (5 s)
+
+0.7: a run that lost 30 % of its CPU trains ~30 % fewer steps under the budget; on the cpu
+profile that moves val_bpb by far more than its noise floor (0.0046 at 464 steps; 75 steps
+scored 0.900 instead of 0.306). Two 2-thread slots busy on 2 cores get 0.5 each and are
+caught with margin. The 5 s floor keeps very short runs (start-up, tests of the fleet
+itself) from being judged on a few scheduler ticks. The machine's load per core is
+recorded beside it (`os.getloadavg`), for the reader: it counts the run itself.
+
+NVIDIA GPUs (a local slot with a GPU index, when `nvidia-smi` is on PATH): SM clock, max
+SM clock, utilisation and the active clock-throttle reasons, sampled every
+GPU_SAMPLE_SECONDS by one thread for all GPUs. Degraded when, over the samples where the
+GPU was busy (utilisation >= 50 %), the mean SM clock is below MIN_CLOCK_SHARE (0.8) of its
+max, or a hardware/thermal slowdown reason (HW slowdown, SW/HW thermal, power brake) was
+active in more than a MAX_SLOWDOWN_SHARE (0.2) of them. The software power cap alone is
+normal at full load and only counts through the clock it costs.
+
+Cost (bench/health_overhead.py, 2-core CPU): one CPU sample scans /proc once for the
+process groups of all running runs; the figure per run is in bench/RESULTS.md. The sampled
+threads' last second is not seen (a thread that exits between samples keeps its last
+sample), which is well under 1 % of a 300 s run.
+
+Remote backends (SkyPilot) are not sampled here: their health is `None`, never degraded.
+stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIN_GOT_SHARE = 0.7
+MIN_WAITED_SECONDS = 5.0
+MIN_CLOCK_SHARE = 0.8
+MAX_SLOWDOWN_SHARE = 0.2
+BUSY_UTILISATION = 50.0
+SAMPLE_SECONDS = 1.0
+GPU_SAMPLE_SECONDS = 2.0
+
+# NVML clock-throttle ("clock event") reason bits that mean the card slowed itself down
+# (nvml.h: nvmlClocksThrottleReason*). 0x1 idle, 0x2 application clocks and 0x4 the
+# software power cap are normal under load and count only through the clock they cost.
+_SLOWDOWN_BITS = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "hw-power-brake"}
+_REASON_BITS = {0x4: "sw-power-cap", **_SLOWDOWN_BITS}
+
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the machine gave one run, and whether that makes the run `degraded`."""
+
+    wall_seconds: float
+    threads: int | None = None
+    cpu_seconds: float | None = None
+    waited_seconds: float | None = None
+    cpu_share: float | None = None
+    got_share: float | None = None
+    load_per_core: float | None = None
+    gpu: int | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_share: float | None = None
+    throttle: dict[str, float] = field(default_factory=dict)  # reason -> share of busy samples
+    samples: int = 0
+    degraded: bool = False
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Health:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def summary(self) -> str:
+        """One line for `show` and the dashboard."""
+        parts = []
+        if self.got_share is not None:
+            parts.append(f"got {self.got_share:.0%} of the CPU it asked for")
+        if self.cpu_share is not None and self.threads:
+            parts.append(f"{self.cpu_share:.0%} of {self.threads} threads x {self.wall_seconds:.0f} s")
+        if self.load_per_core is not None:
+            parts.append(f"load {self.load_per_core:.2f}/core")
+        if self.sm_clock_share is not None:
+            parts.append(f"GPU {self.gpu} SM clock {self.sm_clock_share:.0%} of max")
+        if self.throttle:
+            parts.append("throttled " + ", ".join(f"{k} {v:.0%}" for k, v in self.throttle.items()))
+        text = "; ".join(parts) or "not sampled"
+        return f"degraded ({text}): {self.reason}" if self.degraded else f"healthy ({text})"
+
+
+# ---------------------------------------------------------------------------- CPU
+
+
+def _pgrp(pid: str) -> int | None:
+    try:
+        stat = (_PROC / pid / "stat").read_bytes()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: fields start after the last ')'
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[2]) if len(fields) > 2 else None
+
+
+def _threads_of(pid: str) -> dict[tuple[int, int], tuple[int, int]]:
+    out = {}
+    try:
+        tids = os.listdir(_PROC / pid / "task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            run, wait = (_PROC / pid / "task" / tid / "schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        out[(int(pid), int(tid))] = (int(run), int(wait))
+    return out
+
+
+def scan_groups(pgids: set[int]) -> dict[int, dict[tuple[int, int], tuple[int, int]]]:
+    """(run_ns, wait_ns) of every thread of every process in the given process groups.
+
+    One pass over /proc serves every running run. Empty where /proc has no schedstat
+    (macOS, a kernel without CONFIG_SCHED_INFO): those runs are simply not judged.
+    """
+    found: dict[int, dict[tuple[int, int], tuple[int, int]]] = {g: {} for g in pgids}
+    if not pgids or not _PROC.is_dir():
+        return found
+    try:
+        pids = [p for p in os.listdir(_PROC) if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        group = _pgrp(pid)
+        if group in found:
+            found[group].update(_threads_of(pid))
+    return found
+
+
+class CpuSampler:
+    """Accumulates one run's threads (last value seen of each) and the machine's load."""
+
+    def __init__(self, *, pgid: int, threads: int, started_at: float) -> None:
+        self.pgid = pgid
+        self.threads = max(1, threads)
+        self.started_at = started_at
+        self._tasks: dict[tuple[int, int], tuple[int, int]] = {}
+        self._loads: list[float] = []
+        self._cores = (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
+
+    def add(self, tasks: dict[tuple[int, int], tuple[int, int]]) -> None:
+        # schedstat counters are cumulative per thread, so the latest value is the whole story
+        self._tasks.update(tasks)
+        try:
+            self._loads.append(os.getloadavg()[0] / self._cores)
+        except OSError:
+            pass
+
+    def health(self, *, ended_at: float) -> Health:
+        """The run's CPU health (not yet judged: see `judge`)."""
+        wall = max(ended_at - self.started_at, 1e-9)
+        if not self._tasks:
+            return Health(wall_seconds=wall, threads=self.threads, samples=len(self._loads))
+        cpu = sum(r for r, _ in self._tasks.values()) / 1e9
+        waited = sum(w for _, w in self._tasks.values()) / 1e9
+        return Health(
+            wall_seconds=round(wall, 3),
+            threads=self.threads,
+            cpu_seconds=round(cpu, 3),
+            waited_seconds=round(waited, 3),
+            cpu_share=round(cpu / (wall * self.threads), 4),
+            got_share=round(cpu / (cpu + waited), 4) if cpu + waited > 0 else None,
+            load_per_core=round(sum(self._loads) / len(self._loads), 3) if self._loads else None,
+            samples=len(self._loads),
+        )
+
+
+# ---------------------------------------------------------------------------- GPU
+
+
+def parse_nvidia_smi(text: str) -> dict[int, dict[str, float]]:
+    """Rows of `nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,utilization.gpu,
+    clocks_throttle_reasons.active --format=csv,noheader,nounits`, by GPU index."""
+    out: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5 or not cells[0].isdigit():
+            continue
+        try:
+            reasons = int(cells[4], 16) if cells[4].lower().startswith("0x") else int(cells[4] or 0)
+            out[int(cells[0])] = {
+                "sm": float(cells[1]),
+                "max_sm": float(cells[2]),
+                "util": float(cells[3]),
+                "reasons": float(reasons),
+            }
+        except ValueError:  # `[N/A]` on cards that do not report a field
+            continue
+    return out
+
+
+_QUERY = "index,clocks.sm,clocks.max.sm,utilization.gpu,clocks_throttle_reasons.active"
+
+
+class GpuWatcher:
+    """One thread that samples every local GPU with `nvidia-smi` (absent: samples nothing)."""
+
+    def __init__(self, *, interval: float = GPU_SAMPLE_SECONDS, command: str | None = None) -> None:
+        self.interval = interval
+        self.command = command or shutil.which("nvidia-smi")
+        self._lock = threading.Lock()
+        self._samples: dict[int, list[dict[str, float]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.command is not None
+
+    def start(self) -> None:
+        if self.available and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="nightlab-gpu-health", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def sample_once(self) -> None:
+        """Take one sample of every GPU now."""
+        try:
+            proc = subprocess.run(
+                [str(self.command), f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if proc.returncode != 0:
+            return
+        now = time.time()
+        with self._lock:
+            for index, row in parse_nvidia_smi(proc.stdout).items():
+                self._samples.setdefault(index, []).append({**row, "ts": now})
+                del self._samples[index][:-100_000]  # a week at 2 s; never unbounded
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample_once()
+
+    def samples(self, gpu: int, since: float, until: float) -> list[dict[str, float]]:
+        with self._lock:
+            return [s for s in self._samples.get(gpu, []) if since <= s["ts"] <= until]
+
+
+def gpu_health(samples: list[dict[str, float]], gpu: int) -> dict[str, Any]:
+    """Clock share and throttle reasons over the busy samples of one GPU (fields of `Health`)."""
+    busy = [s for s in samples if s["util"] >= BUSY_UTILISATION] or []
+    if not busy:
+        return {"gpu": gpu}
+    clocks = [s["sm"] / s["max_sm"] for s in busy if s["max_sm"] > 0]
+    throttle = {}
+    for bit, name in _REASON_BITS.items():
+        share = sum(1 for s in busy if int(s["reasons"]) & bit) / len(busy)
+        if share > 0:
+            throttle[name] = round(share, 3)
+    return {
+        "gpu": gpu,
+        "sm_clock_mhz": round(sum(s["sm"] for s in busy) / len(busy), 1),
+        "sm_clock_share": round(sum(clocks) / len(clocks), 4) if clocks else None,
+        "throttle": throttle,
+    }
+
+
+# ---------------------------------------------------------------------------- the rule
+
+
+def judge(
+    health: Health, *, min_got_share: float = MIN_GOT_SHARE, min_clock_share: float = MIN_CLOCK_SHARE
+) -> Health:
+    """`health` with `degraded` and `reason` set by the thresholds of the module docstring.
+
+    `min_got_share` / `min_clock_share` of 0 turn that check off (`[fleet] health`).
+    """
+    reasons = []
+    if (
+        health.got_share is not None
+        and health.waited_seconds is not None
+        and health.got_share < min_got_share
+        and health.waited_seconds >= MIN_WAITED_SECONDS
+    ):
+        reasons.append(
+            f"starved: got {health.got_share:.0%} of the CPU it asked for "
+            f"(waited {health.waited_seconds:.0f} s for a core; threshold {min_got_share:.0%}), "
+            f"{health.cpu_share:.0%} of {health.threads} threads"
+        )
+    if health.sm_clock_share is not None and health.sm_clock_share < min_clock_share:
+        reasons.append(
+            f"throttled: GPU {health.gpu} SM clock {health.sm_clock_share:.0%} of max "
+            f"(threshold {min_clock_share:.0%})"
+        )
+    slowdown = {k: v for k, v in health.throttle.items() if k in _SLOWDOWN_BITS.values()}
+    if min_clock_share > 0 and slowdown and max(slowdown.values()) > MAX_SLOWDOWN_SHARE:
+        reasons.append("throttled: " + ", ".join(f"{k} in {v:.0%} of samples" for k, v in slowdown.items()))
+    if not reasons:
+        return Health(**{**asdict(health), "degraded": False, "reason": None})
+    return Health(**{**asdict(health), "degraded": True, "reason": "; ".join(reasons)})
+
+
+# ---------------------------------------------------------------------------- the controller's side
+
+
+class HealthWatch:
+    """The controller's view of its local runs' health: sample, judge, and re-run the degraded once.
+
+    `config` is the lab's `FleetConfig` (thresholds); `slots` the controller's worker slots.
+    """
+
+    def __init__(self, config: Any, slots: list[Any]) -> None:
+        self.min_got_share = config.min_cpu_share
+        self.min_clock_share = config.min_clock_share
+        self._cpu: dict[int, CpuSampler] = {}
+        self._gpu_of: dict[int, tuple[int, float]] = {}  # attempt id -> (gpu index, started at)
+        self._avoid: dict[str, str] = {}  # queued re-run id -> the worker whose run was degraded
+        self._running_reruns: set[int] = set()  # attempt ids of re-runs in flight
+        self.slots = list(slots)
+        self.gpus = GpuWatcher()
+        if any("gpu" in s.info for s in slots if s.backend == "local"):
+            self.gpus.start()
+
+    def update_slots(self, slots: list[Any], config: Any) -> None:
+        self.slots = list(slots)
+        self.min_got_share, self.min_clock_share = config.min_cpu_share, config.min_clock_share
+        if any("gpu" in s.info for s in slots if s.backend == "local"):
+            self.gpus.start()
+
+    def watch(self, attempt: Any, slot: Any, handle: dict[str, Any]) -> None:
+        """Start sampling a launched (or re-attached) local attempt."""
+        if self._avoid.pop(attempt.experiment_id, None) is not None:
+            self._running_reruns.add(attempt.id)
+        if slot.backend != "local" or not handle.get("pgid"):
+            return
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = int(slot.info.get("threads") or (1 if "gpu" in slot.info else cores))
+        self._cpu[attempt.id] = CpuSampler(
+            pgid=int(handle["pgid"]), threads=threads, started_at=attempt.started_at
+        )
+        if "gpu" in slot.info and self.gpus.available:
+            self._gpu_of[attempt.id] = (int(slot.info["gpu"]), attempt.started_at)
+
+    def sample(self) -> None:
+        """One /proc pass for every watched run (the controller calls it once per heartbeat)."""
+        if not self._cpu:
+            return
+        groups = scan_groups({s.pgid for s in self._cpu.values()})
+        for sampler in self._cpu.values():
+            sampler.add(groups.get(sampler.pgid, {}))
+
+    def finish(self, attempt: Any) -> Health | None:
+        """The judged health of an attempt that ended; None when it was not watched (remote)."""
+        self._running_reruns.discard(attempt.id)
+        sampler = self._cpu.pop(attempt.id, None)
+        gpu = self._gpu_of.pop(attempt.id, None)
+        if sampler is None:
+            return None
+        now = time.time()
+        health = sampler.health(ended_at=now)
+        if gpu is not None:
+            index, since = gpu
+            health = Health(**{**asdict(health), **gpu_health(self.gpus.samples(index, since, now), index)})
+        return judge(health, min_got_share=self.min_got_share, min_clock_share=self.min_clock_share)
+
+    def lease_rule(self, slot: Any, busy: list[Any]) -> tuple[bool, list[str]]:
+        """Whether `slot` may lease now, and the queued re-runs it must skip.
+
+        A re-run needs a healthy slot. On the local CPU that means the machine's cores: a
+        re-run is leased only where the threads of the busy local CPU slots plus this slot's
+        fit in the usable cores, and while a re-run runs no CPU slot starts work that would
+        not fit beside it. Elsewhere (GPUs, remote) the re-run skips the slot that degraded
+        its first run, when the tier has another.
+        """
+        if slot.backend == "local" and "gpu" not in slot.info:
+            used = sum(
+                int(s.info.get("threads") or 1) for s in busy if s.backend == "local" and "gpu" not in s.info
+            )
+            fits = used + int(slot.info.get("threads") or 1) <= usable_cores()
+            if not fits and self._running_reruns:
+                return False, []
+            return True, ([] if fits else sorted(self._avoid))
+        others = any(s.tier == slot.tier and s.name != slot.name for s in self.slots)
+        return True, ([rid for rid, worker in self._avoid.items() if worker == slot.name] if others else [])
+
+    def rerun(self, ledger: Any, lab_dir: Path, exp: Any, slot: Any) -> str | None:
+        """Queue the one re-run of a degraded experiment (not of a re-run); returns its id."""
+        from nightlab import snapshots
+        from nightlab.ledger import NewExperiment
+
+        if ledger.events(experiment_id=exp.id, kinds=["rerun"]):
+            ledger.log_event("degraded-again", exp.id, worker=slot.name)
+            return None
+        new = NewExperiment(
+            snapshot=exp.snapshot,
+            tree=exp.tree,
+            parent=exp.parent,
+            description=f"re-run of {exp.id} (degraded): {exp.description}",
+            tier=exp.tier,
+            seed=exp.seed,
+            wave=exp.wave,
+            priority=exp.priority + 1,  # before new work: the wave it belongs to waits for it
+            params=dict(exp.params),
+            source=exp.source,  # waves tell candidates, noise runs and re-measurements by source
+            epoch=exp.epoch,
+        )
+
+        def make_ref(experiments: list[Any]) -> None:
+            snapshots.set_ref(lab_dir, experiments[0].id, exp.snapshot)
+
+        [queued] = ledger.add_experiments([new], before_commit=make_ref)
+        ledger.log_event("rerun", queued.id, of=exp.id, worker=slot.name)
+        self._avoid[queued.id] = slot.name
+        return queued.id
+
+    def close(self) -> None:
+        self.gpus.stop()
+
+
+# ---------------------------------------------------------------------------- oversubscription
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; a container's or taskset's share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def capacity_problem(slots: list[Any], *, cores: int | None = None) -> str | None:
+    """Why the local slots would compete for this machine, or None when they fit.
+
+    CPU slots: their threads together must fit in the usable cores. GPU slots: no GPU index
+    may serve two slots. The line names the fix and the override.
+    """
+    cores = cores or usable_cores()
+    local = [s for s in slots if s.backend == "local"]
+    cpu = [s for s in local if "gpu" not in s.info]
+    threads = sum(int(s.info.get("threads") or 1) for s in cpu)
+    fix = "or set `oversubscribe = true` under [fleet] to accept that runs compete (most end `degraded`)"
+    if threads > cores:
+        by_tier: dict[str, list[int]] = {}
+        for s in cpu:
+            by_tier.setdefault(s.tier, []).append(int(s.info.get("threads") or 1))
+        detail = ", ".join(f"{t}: {len(v)} x {v[0]}" for t, v in by_tier.items())
+        return (
+            f"the local CPU slots ask for {threads} threads but this machine lets nightlab use {cores} cores "
+            f"({detail}); lower `slots` or `threads` of the [[fleet.pool]] tables in nightlab.toml, {fix}"
+        )
+    users: dict[int, list[str]] = {}
+    for s in local:
+        if "gpu" in s.info:
+            users.setdefault(int(s.info["gpu"]), []).append(s.name)
+    shared = {g: names for g, names in users.items() if len(names) > 1}
+    if shared:
+        g, names = next(iter(shared.items()))
+        return (
+            f"GPU {g} is used by {len(names)} slots ({', '.join(names)}); give each [[fleet.pool]] its own "
+            f"`gpus`, {fix}"
+        )
+    return None
+
+
+def check_capacity(config: Any, *, cpu_slots: int | None = None) -> None:
+    """Refuse a fleet whose local slots oversubscribe this machine, unless `[fleet] oversubscribe`.
+
+    Raises:
+        UsageError: the one line of `capacity_problem`.
+    """
+    from nightlab.errors import UsageError
+    from nightlab.fleet.local import local_slots
+
+    if config.fleet.oversubscribe:
+        return
+    slots = [
+        s for p in config.fleet.pools if p.backend == "local" for s in local_slots(p, cpu_slots=cpu_slots)
+    ]
+    problem = capacity_problem(slots)
+    if problem:
+        raise UsageError(problem)

@@ -1,0 +1,135 @@
+"""Machine health (fleet/health.py): the thresholds, the samplers on real processes, the capacity check.
+
+The CPU tests run real processes: a starved group is made starved beyond doubt (more
+busy processes than the cores they are pinned to, so each gets at most half of what it
+asks for whatever else the machine runs), and a healthy one is a process that asks for
+little CPU, so background load on a shared CI machine cannot flip either verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nightlab.fleet.backend import WorkerSlot
+from nightlab.fleet.health import (
+    MIN_WAITED_SECONDS,
+    CpuSampler,
+    Health,
+    capacity_problem,
+    gpu_health,
+    judge,
+    parse_nvidia_smi,
+    scan_groups,
+)
+
+SPIN = """
+import os, sys, time
+n, seconds = int(sys.argv[1]), float(sys.argv[2])
+for _ in range(n - 1):
+    if os.fork() == 0:
+        break
+end = time.time() + seconds
+x = 0
+while time.time() < end:
+    x += 1
+"""
+
+
+def test_judge_marks_starved_runs_beyond_the_thresholds():
+    starved = judge(
+        Health(wall_seconds=60, threads=2, cpu_seconds=40, waited_seconds=80, cpu_share=0.33, got_share=0.33)
+    )
+    assert starved.degraded and "got 33% of the CPU it asked for" in starved.reason
+    # the same share over a few scheduler ticks is not judged: start-up noise
+    short = judge(
+        Health(wall_seconds=1, threads=1, cpu_seconds=0.1, waited_seconds=0.2, cpu_share=0.1, got_share=0.33)
+    )
+    assert not short.degraded
+    # a run that did not ask for the CPU (it sleeps, waits on a GPU) is healthy whatever its cpu_share
+    idle = judge(
+        Health(wall_seconds=60, threads=2, cpu_seconds=1, waited_seconds=0.01, cpu_share=0.01, got_share=0.99)
+    )
+    assert not idle.degraded and idle.reason is None
+    assert not judge(starved, min_got_share=0).degraded  # 0 turns the check off
+    assert Health.from_dict(starved.to_dict()) == starved
+
+
+def test_gpu_clock_and_throttle_reasons():
+    text = "0, 1980, 1980, 97, 0x0000000000000000\n1, 1275, 1980, 99, 0x0000000000000004\n2, [N/A], 1980, 0, 0x1\n"
+    rows = parse_nvidia_smi(text)
+    assert set(rows) == {0, 1} and rows[1]["reasons"] == 4
+    healthy = judge(Health(wall_seconds=300, **gpu_health([{**rows[0], "ts": 1}] * 10, 0)))
+    assert not healthy.degraded and healthy.sm_clock_share == 1.0
+    capped = judge(Health(wall_seconds=300, **gpu_health([{**rows[1], "ts": 1}] * 10, 1)))
+    assert capped.degraded and "SM clock 64% of max" in capped.reason
+    assert capped.throttle == {"sw-power-cap": 1.0}
+    hot = [{"sm": 1900.0, "max_sm": 1980.0, "util": 99.0, "reasons": float(0x40), "ts": 1}] * 3
+    hot += [{"sm": 1980.0, "max_sm": 1980.0, "util": 99.0, "reasons": 0.0, "ts": 1}] * 7
+    thermal = judge(Health(wall_seconds=300, **gpu_health(hot, 0)))
+    assert thermal.degraded and "hw-thermal in 30% of samples" in thermal.reason
+    # idle samples (between runs, during start-up) never count
+    assert gpu_health([{**rows[1], "util": 0.0, "ts": 1}], 1) == {"gpu": 1}
+
+
+def _slot(name, tier, **info):
+    return WorkerSlot(name=name, tier=tier, backend="local", info=info)
+
+
+def test_capacity_problem_names_the_fix():
+    two = [_slot("cpu-0", "cpu", threads=2)]
+    assert capacity_problem(two, cores=2) is None
+    line = capacity_problem([*two, _slot("cpu2-0", "cpu2", threads=2)], cores=2)
+    assert line.startswith("the local CPU slots ask for 4 threads but this machine lets nightlab use 2 cores")
+    assert "cpu: 1 x 2, cpu2: 1 x 2" in line and "oversubscribe = true" in line and "\n" not in line
+    gpus = [_slot("h-gpu0", "h100", gpu=0), _slot("x-gpu0", "h200", gpu=0)]
+    assert "GPU 0 is used by 2 slots (h-gpu0, x-gpu0)" in capacity_problem(gpus, cores=64)
+    remote = [WorkerSlot(name="sky-0", tier="h100", backend="skypilot", info={"threads": 99})]
+    assert capacity_problem(remote, cores=1) is None
+
+
+def _group(*args: str, cores: set[int] | None = None) -> subprocess.Popen:
+    def pin():
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
+    return subprocess.Popen([sys.executable, "-c", *args], start_new_session=True, preexec_fn=pin)
+
+
+def _sample_until_exit(proc: subprocess.Popen, threads: int) -> Health:
+    sampler = CpuSampler(pgid=proc.pid, threads=threads, started_at=time.time())
+    try:
+        while proc.poll() is None:
+            sampler.add(scan_groups({proc.pid})[proc.pid])
+            time.sleep(0.25)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return judge(sampler.health(ended_at=time.time()))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
+def test_a_group_of_busy_processes_on_one_core_is_starved():
+    # 3 busy processes pinned to one core: each gets at most a third of what it asks for
+    core = min(os.sched_getaffinity(0))
+    proc = _group(SPIN, "3", "4", cores={core})
+    health = _sample_until_exit(proc, threads=1)
+    assert health.degraded, health
+    assert health.got_share < 0.4 and health.waited_seconds >= MIN_WAITED_SECONDS
+    assert "starved" in health.reason
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
+def test_a_process_that_asks_for_little_cpu_is_healthy_under_any_load():
+    proc = _group("import time\nfor _ in range(30): time.sleep(0.1); sum(range(2000))")
+    health = _sample_until_exit(proc, threads=2)
+    assert not health.degraded, health
+    assert health.cpu_share < 0.2 and health.waited_seconds < MIN_WAITED_SECONDS
