@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nightlab import snapshots
+from nightlab import identity, snapshots
 from nightlab.config import CONFIG_NAME, FOREIGN_TIMEOUT, LabConfig, load_lab_config
 from nightlab.errors import (
     DuplicateExperimentError,
@@ -267,6 +267,7 @@ class Lab:
         self.config: LabConfig = loaded.config
         self.config_uncommitted = loaded.uncommitted
         self.ledger: Ledger = open_ledger(path)
+        identity.rekey(path, self.ledger)  # once per ledger from before research identities
 
     @classmethod
     def open(cls, start: Path | None = None) -> Lab:
@@ -287,16 +288,47 @@ class Lab:
         return snapshots.head(self.path)
 
     def head_tree(self) -> str:
-        return snapshots.tree_of(self.path, "HEAD")
+        """The incumbent's research identity (`nightlab.identity`): what its runs are keyed on."""
+        return identity.of(self.path, "HEAD")
 
     def check_tier(self, tier: str) -> str:
         if tier not in self.config.fleet.tiers:
             known = list(self.config.fleet.tiers)
+            hint = (
+                f"; nightlab.toml has uncommitted edits: `git commit {CONFIG_NAME}` to use them"
+                if self.config_uncommitted
+                else f'; add a [[fleet.pool]] with tier = "{tier}" and commit {CONFIG_NAME}'
+            )
             raise UsageError(
                 f"no workers of tier `{tier}`; {did_you_mean(tier, known)}"
-                f"tiers in nightlab.toml: {', '.join(closest_first(tier, known))}"
+                f"tiers in nightlab.toml: {', '.join(closest_first(tier, known))}{hint}"
             )
         return tier
+
+    def check_running_tier(self, tier: str, *, patience: float = 3.0) -> None:
+        """Refuse a tier the running controller has no worker of (it takes up a committed pool
+        within a heartbeat; `patience` seconds allow for that).
+
+        Raises:
+            UsageError: naming the controller and the fix.
+        """
+        from nightlab.fleet.daemon import running_pid
+
+        deadline = time.time() + patience
+        while True:
+            pid = running_pid(self.path)
+            if pid is None or pid < 0 or any(w.tier == tier for w in self.ledger.workers()):
+                return
+            if time.time() >= deadline:
+                break
+            time.sleep(0.2)
+        refused = self.ledger.events(kinds=["config-refused"])
+        why = f" ({refused[-1].data.get('error')})" if refused else ""
+        raise UsageError(
+            f"the running controller (pid {pid}) has no worker of tier `{tier}`: it did not take up the "
+            f"committed pool{why}; fix {CONFIG_NAME} and commit it, or restart the fleet with "
+            "`nightlab fleet stop && nightlab fleet start`"
+        )
 
     # ------------------------------------------------------------------ submit
 
@@ -339,13 +371,22 @@ class Lab:
         if seed is not None and repeats > 1:
             raise UsageError("use either `--seed` or `--repeats`: repeats choose their own distinct seeds")
         tier = self.check_tier(tier or self.config.fleet.default_tier)
+        self.check_running_tier(tier)
+        if start_controller:
+            from nightlab.fleet.daemon import running_pid
+            from nightlab.fleet.health import check_capacity
+
+            if running_pid(self.path) is None:
+                check_capacity(self.config)  # refused before anything is queued
         files = dict(overrides or {})
         if sets:
             files.update(self._apply_sets(sets, files))
         self._check_prepared(tier)
-        commit, tree, parent = snapshots.create_snapshot(
+        commit, _, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
+        # keyed on the files it runs under the configuration in force, not on the whole tree
+        tree, epoch = identity.of(self.path, commit, config=self.config), identity.epoch_key(self.config)
         if seed is not None:
             seeds = [seed]
         elif repeats == 1 and not fresh_seeds:
@@ -377,6 +418,7 @@ class Lab:
                 priority=priority,
                 params=dict(sets or {}),
                 source=source,
+                epoch=epoch,
             )
             for s in seeds
         ]

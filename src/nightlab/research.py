@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nightlab import snapshots
+from nightlab import identity
 from nightlab.analysis import noise_sigma, ok_values
 from nightlab.errors import DuplicateExperimentError, UsageError
 from nightlab.ledger import Experiment, ExperimentStatus, Wave
@@ -190,9 +190,7 @@ class _LabLoop:
             knobs = head_knobs(self.lab, parent)
             if any(n not in knobs for n in self.names):
                 continue  # the editable file changed outside the search
-            runs = self.lab.ledger.experiments(
-                tree=snapshots.tree_of(self.lab.path, parent), tier=self.plan.tier
-            )
+            runs = self.lab.ledger.experiments(tree=identity.of(self.lab.path, parent), tier=self.plan.tier)
             out.append(({n: knobs[n].source for n in self.names}, ok_values(runs, self.metric)))
         return out
 
@@ -217,7 +215,9 @@ class _LabLoop:
         They run alongside the first wave (which `wait` then waits for too), so the other workers
         do not idle through a round of three runs. Returns how many are in flight.
         """
-        sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
+        sigma, _ = noise_sigma(
+            self.lab.ledger, self.metric, self.plan.tier, epoch=identity.epoch_key(self.lab.config)
+        )
         if sigma is not None:
             return 0
         tree, tier = self.lab.head_tree(), self.plan.tier
@@ -235,7 +235,9 @@ class _LabLoop:
         return len(pending)
 
     def report_noise_floor(self) -> None:
-        sigma, _ = noise_sigma(self.lab.ledger, self.metric, self.plan.tier)
+        sigma, _ = noise_sigma(
+            self.lab.ledger, self.metric, self.plan.tier, epoch=identity.epoch_key(self.lab.config)
+        )
         measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
         self.note(f"noise floor on {self.plan.tier}: {measured}")
 
@@ -402,7 +404,7 @@ class _LabLoop:
         incumbent = ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
         if not incumbent:
             return None
-        sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier)
+        sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier, epoch=identity.epoch_key(lab.config))
         return best_of_wave(
             candidates,
             incumbent,

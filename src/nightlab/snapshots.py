@@ -65,7 +65,8 @@ def create_snapshot(
     """Commit the editable files (working-tree state, or `overrides`) on top of `base`.
 
     Returns:
-        (commit, tree, parent) hashes. The commit is not yet referenced: call `set_ref`.
+        (commit, tree, parent) hashes; `tree` is git's whole tree, not the research identity the
+        ledger keys runs on (`nightlab.identity.of`). The commit is not yet referenced: call `set_ref`.
     """
     overrides = overrides or {}
     base_commit = git_text(lab_dir, "rev-parse", "--verify", f"{base}^{{commit}}")

@@ -229,9 +229,12 @@ def _apply(files: Mapping[str, bytes], run: Mapping[str, str]) -> dict[str, byte
 def _measured_point(lab: Lab, run: Mapping[str, str], files: Mapping[str, bytes], tier: str) -> Experiment:
     """The earlier measurement (seed 0) of a design point whose submit was refused as a duplicate."""
     overrides = _apply(files, run)
-    _, tree, _ = snapshots.create_snapshot(
+    commit, _, _ = snapshots.create_snapshot(
         lab.path, lab.config.target.editable, overrides=overrides, message="probe", base="HEAD"
     )
+    from nightlab import identity
+
+    tree = identity.of(lab.path, commit, config=lab.config)  # the key `submit` stored
     prior = lab.ledger.find_measured(tree, tier, 0)
     if prior is None:  # it vanished between the two reads (cancelled): nothing to reuse
         raise NightlabError("a design point changed while the wave was submitted; submit the wave again")
@@ -783,7 +786,9 @@ def noise_table(
                 )
             )
     tiers = [tier] if tier else lab.config.fleet.tiers
-    floors = {t: noise_sigma(lab.ledger, metric, t) for t in tiers}
+    from nightlab.identity import epoch_key
+
+    floors = {t: noise_sigma(lab.ledger, metric, t, epoch=epoch_key(lab.config)) for t in tiers}
     return sorted(figures, key=lambda f: (f.tier, f.experiments[0])), floors
 
 

@@ -49,7 +49,8 @@ _RANK = {
     "pending": 4,
     "crash": 5,
     "invalid": 6,
-    "cancelled": 7,
+    "degraded": 7,  # its machine starved it: says nothing about the idea (a re-run does)
+    "cancelled": 8,
 }
 _FAILED = {"discard", "crash", "invalid"}
 MAX_THEME_NAME = 3  # touched names shown in a theme's title before "+N"
@@ -430,7 +431,7 @@ def _tier_results(
         finished = [e for e in runs if e.status == ExperimentStatus.FINISHED]
         if finished:
             last = finished[-1]
-            verdict = "invalid" if last.outcome == "invalid" else "crash"
+            verdict = last.outcome if last.outcome in ("invalid", "degraded") else "crash"
             out.append(TierResult(tier, verdict, None, None, 0, last.outcome))
         else:
             out.append(TierResult(tier, "cancelled", None, None, 0, "cancelled"))
@@ -464,17 +465,14 @@ def build_journal(lab) -> Journal:
     firsts = {tree: group[0] for tree, group in by_tree.items()}
     parents = {tree: first.parent for tree, first in firsts.items() if first.parent}
     parent_trees: dict[str, str | None] = {}
-    if parents:
-        proc = subprocess.run(
-            ["git", "rev-parse", *(f"{p}^{{tree}}" for p in parents.values())],
-            cwd=lab.path,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        resolved = proc.stdout.split() if proc.returncode == 0 else []
-        if len(resolved) == len(parents):
-            parent_trees = dict(zip(parents, resolved, strict=True))
+    from nightlab import identity
+    from nightlab.errors import NightlabError
+
+    for tree, parent in parents.items():
+        try:  # the key runs are pooled on (identity.py), cached per commit
+            parent_trees[tree] = identity.of(lab.path, parent)
+        except NightlabError:
+            parent_trees[tree] = None
     editable = config.target.editable
     specs = []
     for tree, first in firsts.items():

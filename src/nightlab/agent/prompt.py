@@ -62,6 +62,7 @@ def _instructions(lab) -> list[str]:
 def _state(lab, budget: Budget) -> list[str]:
     from nightlab import snapshots
     from nightlab.analysis import noise_sigma, results
+    from nightlab.identity import epoch_key
 
     config = lab.config
     metric = config.metric.name
@@ -83,7 +84,7 @@ def _state(lab, budget: Budget) -> list[str]:
     out.append(f'- incumbent: {head[:10]} "{subject}"')
     for tier in sorted(set(config.fleet.tiers) | set(incumbents)):
         f = incumbents.get(tier)
-        sigma, dof = noise_sigma(lab.ledger, metric, tier)
+        sigma, dof = noise_sigma(lab.ledger, metric, tier, epoch=epoch_key(lab.config))
         noise = (
             f"noise floor σ {sigma:.6f} ({dof} dof)"
             if sigma is not None

@@ -37,6 +37,11 @@ def with_lab(fn: Callable) -> Callable:
         with Lab.open(lab_dir) as lab:
             if lab.config_uncommitted:
                 say(UNCOMMITTED_WARNING)
+            from nightlab.identity import epoch_info, epoch_line
+
+            epoch = epoch_info(lab.path, lab.ledger, lab.config)
+            if epoch["since"] is None and epoch["total"] > 1:  # the change was just committed
+                say(f"nightlab.toml changed what is measured: {epoch_line(epoch)}")
             return fn(*args, lab=lab, **kwargs)
 
     return wrapper

@@ -95,7 +95,9 @@ class ReadOnlyLab:
         return self._head
 
     def head_tree(self) -> str:
-        return snapshots.tree_of(self.path, "HEAD")
+        from nightlab import identity
+
+        return identity.of(self.path, "HEAD")
 
     def version(self) -> str:
         """Changes whenever a result can have changed (an event or a new HEAD); read once per lab object."""
