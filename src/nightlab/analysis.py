@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightlab import snapshots
+from nightlab import identity, snapshots
 from nightlab.config import LabConfig
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger
 from nightlab.search.decide import Figure, pooled_sd
@@ -29,12 +29,18 @@ def ok_values(experiments: Iterable[Experiment], metric: str) -> list[float]:
     return [v for e in experiments if e.ok and (v := e.metric(metric)) is not None]
 
 
-def noise_sigma(ledger: Ledger, metric: str, tier: str) -> tuple[float | None, int]:
-    """Pooled standard deviation of repeated runs of the same files on `tier`, and its degrees of freedom."""
+def noise_sigma(
+    ledger: Ledger, metric: str, tier: str, *, epoch: str | None = None
+) -> tuple[float | None, int]:
+    """Pooled standard deviation of repeated runs of the same files on `tier`, and its degrees of freedom.
+
+    Only `ok` runs count (a `degraded` one never does); `epoch` keeps it to one comparison epoch
+    (`identity.epoch_key`): a new budget or timeout has its own noise.
+    """
     groups: dict[str, list[float]] = {}
     for e in ledger.experiments(status=ExperimentStatus.FINISHED, tier=tier):
         v = e.metric(metric)
-        if e.ok and v is not None:
+        if e.ok and v is not None and (epoch is None or e.epoch == epoch):
             groups.setdefault(e.tree, []).append(v)
     return pooled_sd(groups.values())
 
@@ -55,7 +61,7 @@ def baseline_figures(
 
 
 def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> Figure | None:
-    tree = snapshots.tree_of(lab_dir, "HEAD")
+    tree = identity.of(lab_dir, "HEAD")
     return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))
 
 
@@ -77,13 +83,13 @@ def decide_tree(
     from nightlab.search.decide import verdict
 
     metric = config.metric.name
-    incumbent = ok_values(ledger.experiments(tree=snapshots.tree_of(lab_dir, "HEAD"), tier=tier), metric)
+    incumbent = ok_values(ledger.experiments(tree=identity.of(lab_dir, "HEAD"), tier=tier), metric)
     candidate = ok_values(ledger.experiments(tree=tree, tier=tier), metric)
     if extra is not None:
         candidate.append(extra)
     if not incumbent or not candidate:
         return None
-    sigma, _ = noise_sigma(ledger, metric, tier)
+    sigma, _ = noise_sigma(ledger, metric, tier, epoch=identity.epoch_key(config))
     return verdict(
         candidate,
         incumbent,
@@ -131,23 +137,39 @@ def verdict_for(
     """
     if outcome == "cancelled":
         return None
+    if outcome == "degraded":
+        return "degraded"  # starved or throttled: recorded, never judged (fleet/health.py)
     if outcome != "ok":
         return "invalid" if outcome == "invalid" else "crash"
-    if exp.tree == snapshots.tree_of(lab_dir, "HEAD"):
+    if exp.tree == identity.of(lab_dir, "HEAD"):
         # the incumbent's own runs: kept if it came from an adoption, else the starting point
         adopted = any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree, with_metrics=False))
         return "keep" if adopted else "baseline"
-    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    head_tree = identity.of(lab_dir, "HEAD")
     z = wave_z(ledger, config, head_tree, exp.wave)
     decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier, extra=value, z=z)
     return decision.verdict if decision is not None else None
 
 
-def refresh_siblings(ledger: Ledger, exp: Experiment, verdict: str | None) -> None:
+def judged_context(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> dict:
+    """What a verdict given now is judged against: the incumbent (commit, identity) and its figure."""
+    head_tree = identity.of(lab_dir, "HEAD")
+    f = figure(ok_values(ledger.experiments(tree=head_tree, tier=tier), config.metric.name))
+    return {
+        "incumbent": snapshots.head(lab_dir),
+        "tree": head_tree,
+        "mean": f.mean if f else None,
+        "n": f.n if f else 0,
+    }
+
+
+def refresh_siblings(
+    ledger: Ledger, exp: Experiment, verdict: str | None, *, judged: dict | None = None
+) -> None:
     """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now."""
     for other in ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
         if other.id != exp.id and other.ok and other.verdict != verdict:
-            ledger.set_verdict(other.id, verdict)
+            ledger.set_verdict(other.id, verdict, judged=judged)
 
 
 def refresh_pending(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> None:
@@ -158,7 +180,7 @@ def refresh_pending(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str)
     a run of the incumbent ends (its figure and the noise floor just moved): every snapshot derived
     from the incumbent (its parent is HEAD) with such a verdict gets the one its runs earn now.
     """
-    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    head_tree = identity.of(lab_dir, "HEAD")
     seen: set[str] = set()
     candidates = ledger.experiments(
         status=ExperimentStatus.FINISHED, tier=tier, parent=snapshots.head(lab_dir), with_metrics=False
@@ -169,8 +191,9 @@ def refresh_pending(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str)
         seen.add(e.tree)
         new = verdict_for(ledger, config, lab_dir, e, "ok", None)
         if new is not None and new != e.verdict:
-            ledger.set_verdict(e.id, new)
-            refresh_siblings(ledger, e, new)
+            judged = judged_context(ledger, config, lab_dir, tier)
+            ledger.set_verdict(e.id, new, judged=judged)
+            refresh_siblings(ledger, e, new, judged=judged)
 
 
 @dataclass(frozen=True)
@@ -180,6 +203,9 @@ class ResultRow:
     experiment: Experiment
     value: float | None
     delta: float | None  # value minus the incumbent's mean on the same tier (None when either is missing)
+    # its verdict was judged against another incumbent than today's (`Experiment.judged` says which)
+    earlier_incumbent: bool = False
+    incumbent: bool = False  # a run of today's incumbent: its verdict is history, not a judgement of it
 
     def to_dict(self, metric: str) -> dict:
         e = self.experiment
@@ -188,6 +214,11 @@ class ResultRow:
             "wave": e.wave,
             "snapshot": e.snapshot,
             "delta": self.delta,
+            "judged": e.judged,
+            "earlier_incumbent": self.earlier_incumbent,
+            "incumbent": self.incumbent,
+            "epoch": e.epoch,
+            "health": e.health,
             "submitted_at": e.submitted_at,
             "finished_at": e.finished_at,
             "metrics": e.metrics,
@@ -203,16 +234,24 @@ def results(
     """
     metric = config.metric.name
     exps = ledger.experiments(tier=tier)
-    head_tree = snapshots.tree_of(lab_dir, "HEAD")
+    head_tree = identity.of(lab_dir, "HEAD")
     tiers = sorted({e.tier for e in exps} | ({tier} if tier else set()))
     incumbents = {
         t: figure(ok_values([e for e in exps if e.tree == head_tree and e.tier == t], metric)) for t in tiers
     }
     rows = []
+    current = identity.epoch_key(config)
     for e in exps:
         value = e.metric(metric) if e.ok else None
         inc = incumbents.get(e.tier)
-        rows.append(ResultRow(e, value, None if value is None or inc is None else value - inc.mean))
+        # a run of another comparison epoch was measured differently: no delta against today's incumbent
+        comparable = value is not None and inc is not None and e.epoch == current
+        earlier = bool(e.judged) and e.judged.get("tree") != head_tree and e.tree != head_tree
+        rows.append(
+            ResultRow(
+                e, value, value - inc.mean if comparable else None, earlier, e.ok and e.tree == head_tree
+            )
+        )
     sign = 1 if config.metric.lower_is_better else -1
     ok = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.experiment.seq))
     rest = sorted((r for r in rows if r.value is None), key=lambda r: -r.experiment.seq)

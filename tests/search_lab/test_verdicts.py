@@ -62,3 +62,36 @@ def test_a_candidate_judged_before_the_incumbent_gets_its_verdict_when_the_incum
     nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
     with open_ledger(lab) as ledger:
         assert ledger.get(early).verdict == "keep"
+
+
+def test_verdicts_say_what_they_were_judged_against_after_an_adoption(quick_lab):
+    """Issue 21: "-0.041 discard" after an adoption is shown against which incumbent it was judged."""
+    lab = quick_lab(slots=2)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    ids = {lr: submit(lab, lr) for lr in ("0.02", "0.015", "0.01001")}
+    done = {d["id"]: d["verdict"] for d in wait_json(lab, *ids.values())}
+    assert done[ids["0.02"]] == "keep" and done[ids["0.015"]] == "keep"
+    assert done[ids["0.01001"]] == "within-noise"
+    res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
+    base = res["incumbent"]["tiers"]["cpu"]
+    row = next(e for e in res["experiments"] if e["id"] == ids["0.015"])
+    assert row["judged"]["mean"] == base["mean"] and row["judged"]["n"] == 3 and not row["earlier_incumbent"]
+
+    # adopting the within-noise one (forced): its runs are the incumbent now, never a candidate
+    nightlab("adopt", ids["0.01001"], "--force", cwd=lab)
+    res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
+    rows = {e["id"]: e for e in res["experiments"]}
+    assert rows[ids["0.01001"]]["incumbent"] and not rows[ids["0.01001"]]["earlier_incumbent"]
+    kept = rows[ids["0.015"]]
+    # judged against the old incumbent's figure, its delta is against today's
+    assert kept["verdict"] == "keep" and kept["earlier_incumbent"] and kept["judged"]["mean"] == base["mean"]
+    today = res["incumbent"]["tiers"]["cpu"]["mean"]
+    assert abs(kept["delta"] - (kept["val_bpb"] - today)) < 1e-9
+    text = nightlab("results", "--all", cwd=lab)
+    line = next(x for x in text.stdout.splitlines() if x.startswith(ids["0.015"]))
+    assert "keep (vs earlier incumbent)" in line
+    assert "incumbent (was within-noise)" in next(
+        x for x in text.stdout.splitlines() if x.startswith(ids["0.01001"])
+    )
+    assert "judged before today's incumbent" in text.stderr
+    assert f"{ids['0.01001']} is within noise" not in text.stderr  # the incumbent is no candidate

@@ -16,8 +16,12 @@ def results_payload(lab, rows, incumbents) -> dict:
     """
     from nightlab.analysis import baseline_figures
     from nightlab.harness.owned import trust
+    from nightlab.identity import epoch_info
 
     metric = lab.config.metric.name
+    epoch = epoch_info(lab.path, lab.ledger, lab.config)
+    # "since the baseline" is within the epoch: an earlier epoch's baseline was measured differently
+    same_epoch = [r.experiment for r in rows if r.experiment.epoch == epoch["key"]]
     experiments = []
     for r in rows:
         d = r.to_dict(metric)
@@ -26,6 +30,7 @@ def results_payload(lab, rows, incumbents) -> dict:
     return {
         "metric": metric,
         "direction": lab.config.metric.direction,
+        "epoch": epoch,
         "incumbent": {
             "commit": lab.head(),
             "tiers": {t: (f.__dict__ if f else None) for t, f in incumbents.items()},
@@ -33,14 +38,22 @@ def results_payload(lab, rows, incumbents) -> dict:
         "baseline": {
             "tiers": {
                 t: (f.__dict__ if f else None)
-                for t, f in baseline_figures(
-                    lab.config, [r.experiment for r in rows], list(incumbents)
-                ).items()
+                for t, f in baseline_figures(lab.config, same_epoch, list(incumbents)).items()
             }
         },
         "self_reported": not lab.config.target.builtin,
         "experiments": experiments,
     }
+
+
+def verdict_cell(row) -> str:
+    """The verdict as a listing shows it, with what it was judged against when that matters."""
+    verdict = row.experiment.verdict or "-"
+    if row.incumbent and verdict not in ("keep", "baseline"):
+        return f"incumbent (was {verdict})"  # judged before it was adopted
+    if row.earlier_incumbent:
+        return f"{verdict} (vs earlier incumbent)"
+    return verdict
 
 
 @click.command("results")
@@ -71,13 +84,19 @@ def command(lab, tier, all_, limit, as_json) -> None:
     from rich.table import Table
 
     out = console()
+    from nightlab.identity import epoch_info, epoch_line
+
+    epoch = epoch_info(lab.path, lab.ledger, lab.config)
+    line = epoch_line(epoch)
+    if line and epoch["since"] is not None:  # a fresh change is already announced on opening the lab
+        say(line)
     for t, f in incumbents.items():
         if f is None:
             out.print(f"incumbent {lab.head()[:10]} on {t}: not measured; run `nightlab noise --tier {t}`")
         else:
             spread = f" ± {f.std:.6f}" if f.std is not None else ""
             out.print(f"incumbent {lab.head()[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
-    shown = rows if all_ else [r for r in rows if r.value is not None][:limit]
+    shown = rows if all_ else [r for r in rows if r.value is not None or r.experiment.degraded][:limit]
     table = Table(box=None, pad_edge=False)
     for col in ("id", "tier", metric, "delta", "verdict", "trust", "seed", "description"):
         table.add_column(
@@ -85,10 +104,13 @@ def command(lab, tier, all_, limit, as_json) -> None:
         )
     for r in shown:
         e = r.experiment
-        value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
+        if r.value is None and e.degraded and e.metric(metric) is not None:
+            value = f"({fmt(e.metric(metric))})"  # recorded, never compared: see the line below the table
+        else:
+            value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
         delta = "-" if r.delta is None else f"{r.delta:+.6f}"
         vouched = trust(e.metrics, builtin=lab.config.target.builtin)
-        table.add_row(e.id, e.tier, value, delta, e.verdict or "-", vouched, str(e.seed), e.description[:60])
+        table.add_row(e.id, e.tier, value, delta, verdict_cell(r), vouched, str(e.seed), e.description[:60])
     out.print(table)
     if not lab.config.target.builtin:
         say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")
@@ -99,10 +121,22 @@ def command(lab, tier, all_, limit, as_json) -> None:
     say(
         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ("" if all_ else "  (--all for every row)")
     )
+    for r in rows:
+        if r.experiment.degraded:
+            say(f"{r.experiment.id} {r.experiment.detail} (not judged, not in any figure; re-run once)")
+    earlier = [r for r in shown if r.earlier_incumbent]
+    if earlier:
+        j = earlier[0].experiment.judged or {}
+        against = f"{j.get('incumbent', '?')[:10]}'s {fmt(j.get('mean'))} (n={j.get('n', 0)})"
+        say(
+            f"{len(earlier)} verdict(s) marked `vs earlier incumbent` were judged before today's incumbent "
+            f"(e.g. {earlier[0].experiment.id} against {against}); their delta is against today's"
+        )
     seen = set()
     for r in rows:
         e = r.experiment
-        if e.verdict == "within-noise" and (e.tree, e.tier) not in seen:
+        # the incumbent is never a candidate: no hint to "settle" it against itself
+        if e.verdict == "within-noise" and not r.incumbent and (e.tree, e.tier) not in seen:
             seen.add((e.tree, e.tier))
             decision = decide_tree(lab.ledger, lab.config, lab.path, e.tree, e.tier)
             say(settle_hint(e, decision))

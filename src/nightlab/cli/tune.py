@@ -29,13 +29,28 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
     multiple=True,
     help="ATTENTION candidates, fa3 and/or sdpa (repeatable; default every backend that works here).",
 )
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Runs per candidate; their spread decides whether the winner really beats the current setting.",
+)
 @click.option("--no-commit", is_flag=True, help="Whether or not to leave train.py unchanged (measure only).")
+@click.option(
+    "--no-measure",
+    is_flag=True,
+    help="Whether or not to skip queuing runs of the tuned incumbent after a tuning commit.",
+)
 @json_option
 @with_lab
-def command(lab, steps, batch_sizes, compiles, attentions, no_commit, as_json) -> None:
+def command(lab, steps, batch_sizes, compiles, attentions, repeats, no_commit, no_measure, as_json) -> None:
     """Measure compile on/off, each attention backend and several batch sizes on this
-    machine's device, print steady-state tokens/s and peak memory, and commit the fastest
-    choice into train.py's knobs.
+    machine's device `--repeats` times each, print steady-state tokens/s with its 95 %
+    interval and peak memory, and commit the fastest choice into train.py's knobs only
+    when it beats the current setting beyond the spread. After a tuning commit the new
+    incumbent (other files, so other research identity) is queued for measurement, as
+    many runs as the old one had (at least 2), so the lab never sits on an unmeasured one.
 
     \b
     Example:
@@ -61,11 +76,25 @@ def command(lab, steps, batch_sizes, compiles, attentions, no_commit, as_json) -
         attentions=attentions or None,
         write=not no_commit,
         progress=not as_json,
+        repeats=repeats,
     )
     commit = None
+    measured: list[str] = []
     if result.written and snapshots.is_dirty(lab.path, ("train.py",)):
         settings = " ".join(f"{k}={v}" for k, v in result.written.items())
+        before = lab.head_tree()
         commit = snapshots.commit_files(lab.path, ["train.py"], f"tune: {settings}")
+        if not no_measure:
+            tier = lab.config.fleet.default_tier
+            old = [e for e in lab.ledger.experiments(tree=before, tier=tier) if e.ok]
+            exps = lab.submit(
+                f"tune: measure the tuned incumbent ({settings})",
+                tier=tier,
+                repeats=max(2, len(old)),
+                fresh_seeds=True,
+                source="noise",
+            )
+            measured = [e.id for e in exps]
     if as_json:
         emit_json(
             {
@@ -73,17 +102,24 @@ def command(lab, steps, batch_sizes, compiles, attentions, no_commit, as_json) -
                 "best": asdict(result.best),
                 "written": result.written,
                 "commit": commit,
+                "current": asdict(result.current) if result.current else None,
+                "beats_current": result.beats_current,
+                "reason": result.reason,
+                "measuring": measured,
             }
         )
         return
     if commit:
-        say(
-            f"committed the fastest settings ({', '.join(f'{k}={v}' for k, v in result.written.items())}); "
-            "the incumbent changed: measure it with `nightlab submit -m baseline`"
+        follow = (
+            f"; measuring the new incumbent: {', '.join(measured)}"
+            if measured
+            else "; measure it with `nightlab noise`"
         )
+        say(
+            f"committed the fastest settings ({', '.join(f'{k}={v}' for k, v in result.written.items())}): "
+            f"{result.reason}{follow}"
+        )
+    elif no_commit:
+        say(f"measured only; train.py unchanged ({result.reason})")
     else:
-        say(
-            "train.py already had the fastest settings"
-            if not no_commit
-            else "measured only; train.py unchanged"
-        )
+        say(f"train.py unchanged: {result.reason}")

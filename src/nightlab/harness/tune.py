@@ -7,7 +7,14 @@ steps in a fresh process (so one candidate's compile cache, allocator state or O
 the next) with `NIGHTLAB_MAX_STEPS` and `NIGHTLAB_SKIP_EVAL` set; train.py reports steady-state
 tokens/s (its warmup steps excluded) and peak memory in its summary block. The fastest candidate
 that ran is written into the lab's train.py knobs (COMPILE, ATTENTION, DEVICE_BATCH_SIZE),
-byte-exact apart from those values.
+byte-exact apart from those values, but only when it beats the current setting beyond the spread.
+
+Spread: one short measurement is noise (a 1.7 % tok/s difference was once crowned "fastest").
+Every candidate, and the current setting (added when it is not among them), runs `repeats`
+times (default 3, each a fresh process); its figure is the mean with a 95 % Student-t interval
+(mean ± t(0.975, n-1) s / sqrt(n)). The winner is written only when its interval lies wholly
+above the current setting's; otherwise train.py is left alone and the reason says by how much
+the intervals overlap. More repeats narrow the intervals (`--repeats`).
 
 TOTAL_BATCH_SIZE is left alone: it changes the optimisation, not just the speed, so it is a
 research question for `nightlab submit`, not a device setting.
@@ -64,7 +71,9 @@ class TuneRow:
 
     candidate: Candidate
     status: str
-    tok_per_sec: float | None = None
+    tok_per_sec: float | None = None  # the mean over `runs`
+    runs: tuple[float, ...] = ()  # tokens/s of each repeat
+    spread: float | None = None  # half-width of the 95 % interval of the mean (None below 2 runs)
     peak_memory_mb: float | None = None
     startup_seconds: float | None = None
     compiled: bool | None = None
@@ -74,11 +83,72 @@ class TuneRow:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """All rows (in the order run), the fastest ok row, and the knob values written (empty if not written)."""
+    """All rows (in the order run), the fastest ok row, and the knob values written (empty if not written).
+
+    `current` is the row of the setting train.py had; `reason` says why the knobs were or were not
+    written (the winner's interval against the current one's).
+    """
 
     rows: list[TuneRow]
     best: TuneRow
     written: dict[str, str] = field(default_factory=dict)
+    current: TuneRow | None = None
+    reason: str = ""
+    beats_current: bool = False
+
+
+# two-sided 95 % Student t quantiles by degrees of freedom; above 9 the normal-ish 2.0
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """(mean, half-width of its 95 % t interval); the half-width is None for fewer than 2 values."""
+    import statistics
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, _T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / len(values) ** 0.5
+
+
+def _repeat(rows: list[TuneRow]) -> TuneRow:
+    """One row from the repeats of a candidate: the first failure, or the mean and its interval."""
+    failed = next((r for r in rows if r.status != "ok"), None)
+    if failed is not None:
+        return failed
+    runs = tuple(r.tok_per_sec or 0.0 for r in rows)
+    mean, spread = interval(runs)
+    first = rows[0]
+    return TuneRow(
+        first.candidate,
+        "ok",
+        tok_per_sec=mean,
+        runs=runs,
+        spread=spread,
+        peak_memory_mb=max(r.peak_memory_mb or 0.0 for r in rows),
+        startup_seconds=first.startup_seconds,
+        compiled=first.compiled,
+        attention=first.attention,
+    )
+
+
+def decide(best: TuneRow, current: TuneRow | None) -> tuple[bool, str]:
+    """Whether `best` beats `current` beyond their spread, and the sentence that says so."""
+    if current is None or current.status != "ok" or current.tok_per_sec is None:
+        return True, "the current setting did not run" if current is not None else "no current setting"
+    if best is current or best.candidate == current.candidate:
+        return False, "the current setting is the fastest"
+    low = (best.tok_per_sec or 0.0) - (best.spread or 0.0)
+    high = current.tok_per_sec + (current.spread or 0.0)
+    gain = (best.tok_per_sec or 0.0) / current.tok_per_sec - 1
+    if best.spread is None or current.spread is None:
+        return False, f"{gain:+.1%} from one run each: no spread to judge it by; measure with repeats >= 2"
+    if low > high:
+        return True, f"{gain:+.1%} tok/s, beyond the spread ({low:,.0f} > {high:,.0f})"
+    return False, (
+        f"{gain:+.1%} tok/s is within the spread (intervals overlap: {low:,.0f} <= {high:,.0f}); "
+        "train.py is unchanged; more `--repeats` may settle it"
+    )
 
 
 def _parse_summary(output: str) -> dict[str, str]:
@@ -155,11 +225,11 @@ def _run_candidate(workdir: Path, source: str, candidate: Candidate, steps: int,
     )
 
 
-def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
+def _print_table(rows: list[TuneRow], best: TuneRow | None, current: TuneRow | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="nightlab tune: steady-state training throughput")
+    table = Table(title="nightlab tune: steady-state training throughput (mean ± 95 % interval)")
     numeric = ("batch", "tok/s", "peak MB", "start-up s")
     for column in ("compile", "attention", "batch", "status", "tok/s", "peak MB", "start-up s", "note"):
         table.add_column(column, justify="right" if column in numeric else "left")
@@ -173,13 +243,18 @@ def _print_table(rows: list[TuneRow], best: TuneRow | None) -> None:
             c.attention,
             str(c.device_batch_size),
             row.status,
-            f"{row.tok_per_sec:,.0f}" if row.tok_per_sec is not None else "",
+            (f"{row.tok_per_sec:,.0f}" + (f" ± {row.spread:,.0f}" if row.spread is not None else ""))
+            if row.tok_per_sec is not None
+            else "",
             f"{row.peak_memory_mb:,.0f}" if row.peak_memory_mb is not None else "",
             f"{row.startup_seconds:.1f}" if row.startup_seconds is not None else "",
-            ("fastest " if row is best else "") + (ran or row.detail),
+            ("fastest " if row is best else "")
+            + ("current " if row is current else "")
+            + (ran or row.detail),
             style="bold green" if row is best else None,
         )
     Console(stderr=True).print(table)
+    print(f"each figure: the mean of {max((len(r.runs) for r in rows), default=0)} runs", file=sys.stderr)
 
 
 def tune(
@@ -192,8 +267,10 @@ def tune(
     timeout: float = 900.0,
     write: bool = True,
     progress: bool = True,
+    repeats: int = 3,
 ) -> TuneResult:
-    """Run every candidate for a few steps and write the fastest into the lab's train.py.
+    """Run every candidate `repeats` times and write the fastest into train.py if it beats the current setting
+    beyond the spread (module docstring).
 
     Args:
         lab_dir: the lab (holds train.py and nightlab.toml with a [profile]).
@@ -205,6 +282,7 @@ def tune(
         timeout: seconds allowed per candidate (a hung compile counts as "timeout").
         write: whether to write the fastest choice into train.py.
         progress: whether to print progress and the table on stderr.
+        repeats: runs per candidate (fresh processes); at least 2 for an interval.
 
     Returns:
         A `TuneResult`.
@@ -233,6 +311,8 @@ def tune(
         )
     if steps < 1:
         raise UsageError(f"steps `{steps}` must be at least 1 (and above the warmup steps, 10 on CUDA)")
+    if repeats < 1:
+        raise UsageError(f"repeats `{repeats}` must be at least 1 (2 or more give an interval)")
     seq_len = load_lab_profile(lab_dir).seq_len
     total = int(knobs["TOTAL_BATCH_SIZE"])
     sizes = (
@@ -253,6 +333,10 @@ def tune(
         if value not in choices:
             raise UsageError(f"{name} `{value}` is not one of {', '.join(choices)}")
     candidates = [Candidate(c, a, b) for c in compiles for a in attentions for b in sizes]
+    # the setting train.py has now is what a winner must beat: measured like the others
+    present = Candidate(str(knobs["COMPILE"]), str(knobs["ATTENTION"]), int(knobs["DEVICE_BATCH_SIZE"]))
+    if present not in candidates:
+        candidates.insert(0, present)
 
     rows: list[TuneRow] = []
     with tempfile.TemporaryDirectory(prefix="nightlab-tune-") as tmp:
@@ -263,30 +347,39 @@ def tune(
             if progress:
                 print(
                     f"tune {i}/{len(candidates)}: compile={candidate.compile} attention={candidate.attention} "
-                    f"DEVICE_BATCH_SIZE={candidate.device_batch_size} ...",
+                    f"DEVICE_BATCH_SIZE={candidate.device_batch_size} x {repeats} ...",
                     file=sys.stderr,
                     flush=True,
                 )
-            rows.append(_run_candidate(workdir, source, candidate, steps, timeout))
+            runs: list[TuneRow] = []
+            for _ in range(repeats):
+                runs.append(_run_candidate(workdir, source, candidate, steps, timeout))
+                if runs[-1].status != "ok":
+                    break  # a crash, an OOM or a hang does not get better by repeating
+            rows.append(_repeat(runs))
 
     ok = [r for r in rows if r.status == "ok"]
     best = max(ok, key=lambda r: r.tok_per_sec or 0.0) if ok else None
+    current = next(r for r in rows if r.candidate == present)
     if progress:
-        _print_table(rows, best)
+        _print_table(rows, best, current)
     if best is None:
         raise NightlabError(
             f"every tune candidate failed (first: {rows[0].status}: {rows[0].detail}); "
             "run `python train.py` in the lab to see why"
         )
+    beats, reason = decide(best, current)
+    if progress:
+        print(f"tune: {reason}", file=sys.stderr)
     written = {
         # What actually ran: a compile that fell back to eager is written as "off".
         "COMPILE": repr("on" if best.compiled else "off"),
         "ATTENTION": repr(best.attention),
         "DEVICE_BATCH_SIZE": str(best.candidate.device_batch_size),
     }
-    if write:
+    if write and beats:
         new = set_knobs(source, written)
         tmp_path = train_py.with_name(".train.py.tune-tmp")
         tmp_path.write_bytes(new.encode("utf-8"))
         os.replace(tmp_path, train_py)
-    return TuneResult(rows, best, written if write else {})
+    return TuneResult(rows, best, written if write and beats else {}, current, reason, beats)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nightlab.errors import NightlabError
 from nightlab.ledger import Experiment, ExperimentStatus
 from nightlab.web._live import log_progress
 from nightlab.web._readonly import ReadOnlyLab
@@ -97,12 +98,12 @@ def _fleet_state(lab: ReadOnlyLab) -> dict[str, Any]:
 
 def counts(experiments: list[dict[str, Any]]) -> dict[str, int]:
     """done / ok / crashed / invalid / running / queued / cancelled, from results rows."""
-    out = dict.fromkeys(("done", "ok", "crashed", "invalid", "running", "queued", "cancelled"), 0)
+    out = dict.fromkeys(("done", "ok", "crashed", "invalid", "degraded", "running", "queued", "cancelled"), 0)
     for e in experiments:
         status = e["status"]
         if status == "finished":
             out["done"] += 1
-            kind = "ok" if e["outcome"] == "ok" else "invalid" if e["outcome"] == "invalid" else "crashed"
+            kind = e["outcome"] if e["outcome"] in ("ok", "invalid", "degraded") else "crashed"
             out[kind] += 1
         elif status in out:
             out[status] += 1
@@ -132,6 +133,8 @@ def tier_summaries(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
+    from nightlab.identity import epoch_line
+
     payload, _ = cache.results(lab)
     rows = payload["experiments"]
     metric = payload["metric"]
@@ -140,11 +143,17 @@ def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
             "metric": metric,
             "direction": payload["direction"],
             "incumbent_commit": payload["incumbent"]["commit"],
+            "epoch": payload["epoch"],
+            "epoch_line": epoch_line(payload["epoch"]),
             "tiers": tier_summaries(payload),
             "counts": counts(rows),
             "leaderboard": [r for r in rows if r[metric] is not None][:LEADERBOARD_ROWS],
             "recent_crashes": sorted(
-                (r for r in rows if r["status"] == "finished" and r["outcome"] not in ("ok", "invalid")),
+                (
+                    r
+                    for r in rows
+                    if r["status"] == "finished" and r["outcome"] not in ("ok", "invalid", "degraded")
+                ),
                 key=lambda r: r["finished_at"] or 0,
                 reverse=True,
             )[:RECENT_CRASHES],
@@ -293,12 +302,14 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
 
 def _commit_trees(lab: ReadOnlyLab) -> dict[str, str]:
     """commit -> tree for every commit on the lab's branch (where adopted snapshots land)."""
-    from nightlab import snapshots
+    from nightlab import identity, snapshots
 
     out = {}
-    for line in snapshots.git_text(lab.path, "log", "--format=%H %T", "HEAD").splitlines():
-        commit, _, tree = line.partition(" ")
-        out[commit] = tree
+    for commit in snapshots.git_text(lab.path, "log", "--format=%H", "HEAD").splitlines():
+        try:
+            out[commit] = identity.of(lab.path, commit)  # cached per commit: a commit never changes
+        except NightlabError:
+            continue  # a commit from before the lab had a nightlab.toml
     return out
 
 
