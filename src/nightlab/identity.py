@@ -65,26 +65,43 @@ def _is_paperwork(path: str, editable: tuple[str, ...]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _of_commit(lab_dir: Path, commit: str) -> tuple[str, LabConfig]:
-    """(digest of the run files, the commit's own configuration)."""
+def _config_of(lab_dir: Path, commit: str) -> LabConfig:
+    """The configuration committed in `commit`."""
     try:
         text = snapshots.git(lab_dir, "show", f"{commit}:{CONFIG_NAME}").decode("utf-8")
-        config = parse_config(tomllib.loads(text))
+        return parse_config(tomllib.loads(text))
     except (NightlabError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"commit {commit[:12]} has no readable {CONFIG_NAME}: {e}") from e
+
+
+@functools.lru_cache(maxsize=4096)
+def _files_of(lab_dir: Path, commit: str, editable: tuple[str, ...]) -> str:
+    """Digest of the run files of `commit` (everything but the paperwork)."""
     listing = snapshots.git(lab_dir, "ls-tree", "-r", "--full-tree", commit).decode("utf-8", "replace")
     h = hashlib.sha256()
     for line in listing.splitlines():
         meta, _, path = line.partition("\t")
-        if not _is_paperwork(path, config.target.editable):
+        if not _is_paperwork(path, editable):
             mode, _kind, blob = meta.split()
             h.update(f"{mode} {blob} {path}\n".encode())
-    return h.hexdigest(), config
+    return h.hexdigest()
+
+
+def _of_commit(lab_dir: Path, commit: str) -> tuple[str, LabConfig]:
+    """(digest of the run files, the commit's own configuration)."""
+    config = _config_of(lab_dir, commit)
+    return _files_of(lab_dir, commit, config.target.editable), config
 
 
 def _key(files: str, config: LabConfig) -> str:
     text = f"{files}\ncommand {config.target.command}\nepoch {epoch_key(config)}\n"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _commit(lab_dir: Path, rev: str) -> str:
+    if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev):
+        return rev  # already a commit hash (a snapshot): no git call
+    return snapshots.git_text(lab_dir, "rev-parse", "--verify", f"{rev}^{{commit}}")
 
 
 def of(lab_dir: Path, rev: str = "HEAD", *, config: LabConfig | None = None) -> str:
@@ -93,9 +110,11 @@ def of(lab_dir: Path, rev: str = "HEAD", *, config: LabConfig | None = None) -> 
     `config` is the configuration the run is measured under (the one in force when it was
     submitted); by default the commit's own, which for HEAD is the one in force.
     """
-    commit = snapshots.git_text(lab_dir, "rev-parse", "--verify", f"{rev}^{{commit}}")
-    files, own = _of_commit(Path(lab_dir), commit)
-    return _key(files, config or own)
+    lab_dir = Path(lab_dir)
+    commit = _commit(lab_dir, rev)
+    if config is None:
+        config = _config_of(lab_dir, commit)
+    return _key(_files_of(lab_dir, commit, config.target.editable), config)
 
 
 def rekey(lab_dir: Path, ledger: Any) -> int:

@@ -209,3 +209,19 @@ def test_journal_of_a_new_lab(make_lab):
     text = nightlab("journal", cwd=lab).stdout
     assert text.startswith("# Journal: 0 experiments, 0 ideas in 0 themes, 0 seed changes;")
     assert "cpu: not measured" in text
+
+
+def test_a_degraded_run_is_shown_with_its_figure_and_reason_never_as_a_result():
+    from nightlab.agent.journal import _tier_results
+    from nightlab.ledger import Experiment, ExperimentStatus
+
+    e = Experiment(
+        id="e0001", seq=1, snapshot="c" * 40, tree="t", parent=None, description="x", tier="cpu", seed=0,
+        wave=None, priority=0, params={}, source="cli", status=ExperimentStatus.FINISHED,
+        outcome="degraded", detail="starved: got 31% of the CPU it asked for", verdict="degraded",
+        attempts=1, cancel_requested=False, submitted_at=0.0, started_at=0.0, finished_at=1.0,
+        adopted_at=None, metrics={"val_bpb": 0.9},
+    )  # fmt: skip
+    [result] = _tier_results([e], {}, "val_bpb")
+    assert result.verdict == "degraded" and result.mean is None and result.delta is None
+    assert result.describe() == "cpu degraded (0.900000 not judged: starved: got 31% of the CPU it asked for)"

@@ -45,6 +45,8 @@ print(f"val_bpb:          {1e6 / total:.6f}")
 print(f"num_steps:        {total}")
 '''
 
+DEFAULT_THRESHOLD = {"NIGHTLAB_MIN_CPU_SHARE": ""}  # the lab's own min_cpu_share (0.7), not the suite's
+
 POOLS = """[[fleet.pool]]
 backend = "local"
 tier = "cpu"
@@ -89,7 +91,7 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
         # both queued before the fleet starts, so they run side by side from the first turn
         a = nightlab("submit", "-m", "base", "--no-start", cwd=lab).stdout.strip()
         b = nightlab("submit", "-m", "base", "--tier", "cpu2", "--no-start", cwd=lab).stdout.strip()
-        nightlab("fleet", "start", cwd=lab)
+        nightlab("fleet", "start", cwd=lab, env=DEFAULT_THRESHOLD)
         wait_json(lab, a, b, timeout=120)
         res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
         by_id = {e["id"]: e for e in res["experiments"]}
@@ -129,5 +131,19 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
         assert f"{a} starved: got" in text.stderr and "not judged" in text.stderr
         shown = nightlab("show", a, "--no-diff", cwd=lab).stdout
         assert "health degraded (got" in shown
+        # the report and the dashboard say it too; the journal gives its figure and reason
+        nightlab("report", "--no-plot", cwd=lab)
+        rows = [r.split("\t") for r in (lab / "results.tsv").read_text().splitlines()[1:]]
+        marked = [r for r in rows if "[degraded: starved" in r[4]]
+        assert len(marked) >= 2 and {r[3] for r in marked} == {"discard"}
+        from nightlab.web._readonly import ReadOnlyLab
+        from nightlab.web._views import overview
+
+        view = ReadOnlyLab(lab)
+        try:
+            counts = overview(view)["counts"]
+        finally:
+            view.close()
+        assert counts["degraded"] >= 2 and counts["crashed"] == 0
     finally:
         nightlab("fleet", "stop", cwd=lab, check=False)

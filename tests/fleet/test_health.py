@@ -133,3 +133,38 @@ def test_a_process_that_asks_for_little_cpu_is_healthy_under_any_load():
     health = _sample_until_exit(proc, threads=2)
     assert not health.degraded, health
     assert health.cpu_share < 0.2 and health.waited_seconds < MIN_WAITED_SECONDS
+
+
+def test_a_gpu_slot_is_judged_by_its_clocks_through_nvidia_smi(tmp_path):
+    """The GPU path end to end with a stand-in `nvidia-smi` (a power-capped card at 61 % of its max clock)."""
+    from nightlab.config import FleetConfig
+    from nightlab.fleet.health import GpuWatcher, HealthWatch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, 1210, 1980, 98, 0x0000000000000004'\necho '1, 1980, 1980, 97, 0x0'\n")
+    smi.chmod(0o755)
+    slots = [_slot("h200-gpu0", "h200", gpu=0), _slot("h200-gpu1", "h200", gpu=1)]
+    watch = HealthWatch(FleetConfig(pools=(), default_tier="h200"), slots, gpus=GpuWatcher(command=str(smi)))
+
+    class Attempt:
+        def __init__(self, i):
+            self.id, self.experiment_id, self.started_at = i, f"e{i}", time.time() - 1
+
+    procs = [_group("import time; time.sleep(30)") for _ in slots]
+    try:
+        for i, (slot, proc) in enumerate(zip(slots, procs, strict=True)):
+            watch.watch(Attempt(i), slot, {"pgid": proc.pid})
+        for _ in range(3):
+            watch.sample()
+            watch.gpus.sample_once()
+        slow, fine = watch.finish(Attempt(0)), watch.finish(Attempt(1))
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (
+        slow.degraded
+        and "GPU 0 SM clock 61% of max" in slow.reason
+        and slow.throttle == {"sw-power-cap": 1.0}
+    )
+    assert not fine.degraded and fine.sm_clock_share == 1.0 and fine.threads == 1

@@ -136,15 +136,27 @@ def test_tune_runs_the_real_template(tmp_path, monkeypatch):
     lab.mkdir()
     (lab / "nightlab.toml").write_text(NIGHTLAB_TOML.replace("seq_len = 16", "seq_len = 64"))
     source = resources.files("nightlab.targets.gpt").joinpath("train.py").read_text()
-    tiny = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "2", "TOTAL_BATCH_SIZE": "256"}
+    # the current setting is one of the candidates (compile off): no extra, compiling, candidate
+    tiny = {
+        "DEPTH": "1",
+        "HEAD_DIM": "64",
+        "DEVICE_BATCH_SIZE": "2",
+        "TOTAL_BATCH_SIZE": "256",
+        "COMPILE": "'off'",
+        "ATTENTION": "'sdpa'",
+    }
     (lab / "train.py").write_text(set_knobs(source, tiny))
     monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(tmp_path / "data"))
-    result = tune(lab, steps=4, batch_sizes=[2, 4], compiles=["off"], progress=False)
+    result = tune(
+        lab, steps=4, batch_sizes=[2, 4], compiles=["off"], attentions=["sdpa"], progress=False, repeats=2
+    )
     assert [r.status for r in result.rows] == ["ok", "ok"], [r.detail for r in result.rows]
+    assert all(len(r.runs) == 2 and r.spread is not None for r in result.rows)
     assert all(r.tok_per_sec > 0 and r.peak_memory_mb > 0 and r.attention == "sdpa" for r in result.rows)
     knobs = {k.name: k.value for k in list_knobs((lab / "train.py").read_text())}
     assert (knobs["COMPILE"], knobs["ATTENTION"]) == ("off", "sdpa")
-    assert knobs["DEVICE_BATCH_SIZE"] == result.best.candidate.device_batch_size
+    # written only when the winner beat the current setting (batch 2) beyond the spread
+    assert knobs["DEVICE_BATCH_SIZE"] == (result.best.candidate.device_batch_size if result.written else 2)
 
 
 def test_hung_candidate_times_out_and_zero_throughput_is_not_ok(lab):

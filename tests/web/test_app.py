@@ -45,8 +45,11 @@ def test_overview_figures_equal_the_cli(night_lab, client):
     assert overview["counts"] == {
         "done": sum(r["status"] == "finished" for r in rows),
         "ok": sum(r["outcome"] == "ok" for r in rows),
-        "crashed": sum(r["status"] == "finished" and r["outcome"] not in ("ok", "invalid") for r in rows),
+        "crashed": sum(
+            r["status"] == "finished" and r["outcome"] not in ("ok", "invalid", "degraded") for r in rows
+        ),
         "invalid": sum(r["outcome"] == "invalid" for r in rows),
+        "degraded": sum(r["outcome"] == "degraded" for r in rows),
         "running": sum(r["status"] == "running" for r in rows),
         "queued": sum(r["status"] == "queued" for r in rows),
         "cancelled": sum(r["status"] == "cancelled" for r in rows),

@@ -432,7 +432,12 @@ def _tier_results(
         if finished:
             last = finished[-1]
             verdict = last.outcome if last.outcome in ("invalid", "degraded") else "crash"
-            out.append(TierResult(tier, verdict, None, None, 0, last.outcome))
+            outcome = last.outcome
+            if last.degraded:  # its figure and why it does not count, never a delta
+                value = last.metric(metric)
+                shown = f"{value:.6f} " if value is not None else ""
+                outcome = f"degraded ({shown}not judged: {last.detail})"
+            out.append(TierResult(tier, verdict, None, None, 0, outcome))
         else:
             out.append(TierResult(tier, "cancelled", None, None, 0, "cancelled"))
     return out
