@@ -153,10 +153,11 @@ def verdict_for(
 
 def judged_context(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> dict:
     """What a verdict given now is judged against: the incumbent (commit, identity) and its figure."""
-    head_tree = identity.of(lab_dir, "HEAD")
+    head = snapshots.head(lab_dir)
+    head_tree = identity.of(lab_dir, head)  # a commit hash: no second git call
     f = figure(ok_values(ledger.experiments(tree=head_tree, tier=tier), config.metric.name))
     return {
-        "incumbent": snapshots.head(lab_dir),
+        "incumbent": head,
         "tree": head_tree,
         "mean": f.mean if f else None,
         "n": f.n if f else 0,
