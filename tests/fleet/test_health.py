@@ -168,3 +168,13 @@ def test_a_gpu_slot_is_judged_by_its_clocks_through_nvidia_smi(tmp_path):
         and slow.throttle == {"sw-power-cap": 1.0}
     )
     assert not fine.degraded and fine.sm_clock_share == 1.0 and fine.threads == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
+def test_a_child_in_a_session_of_its_own_still_counts():
+    """The sandbox (`bwrap --new-session`) moves train.py out of the wrapper's process group."""
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    end = time.time() + 1.5\n    while time.time() < end: pass\n    os._exit(0)\nos.wait()"
+    proc = _group(code)
+    health = _sample_until_exit(proc, threads=1)
+    # the busy child was found through its parent: it was runnable (on a core or waiting) ~1.5 s
+    assert health.cpu_seconds + health.waited_seconds > 1.0, health

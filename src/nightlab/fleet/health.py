@@ -127,14 +127,14 @@ class Health:
 # ---------------------------------------------------------------------------- CPU
 
 
-def _pgrp(pid: str) -> int | None:
+def _parent_and_group(pid: str) -> tuple[int, int] | None:
     try:
         stat = (_PROC / pid / "stat").read_bytes()
     except OSError:
         return None
     # the command name may hold spaces and parentheses: fields start after the last ')'
     fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[2]) if len(fields) > 2 else None
+    return (int(fields[1]), int(fields[2])) if len(fields) > 2 else None
 
 
 def _threads_of(pid: str) -> dict[tuple[int, int], tuple[int, int]]:
@@ -153,10 +153,13 @@ def _threads_of(pid: str) -> dict[tuple[int, int], tuple[int, int]]:
 
 
 def scan_groups(pgids: set[int]) -> dict[int, dict[tuple[int, int], tuple[int, int]]]:
-    """(run_ns, wait_ns) of every thread of every process in the given process groups.
+    """(run_ns, wait_ns) of every thread of every process of the given runs.
 
-    One pass over /proc serves every running run. Empty where /proc has no schedstat
-    (macOS, a kernel without CONFIG_SCHED_INFO): those runs are simply not judged.
+    A run is its wrapper's process group (the key) and every descendant of the wrapper: the
+    sandbox of the built-in target (`bwrap --new-session`) moves train.py to a session of its
+    own, so the group alone would miss it. One pass over /proc serves every running run. Empty
+    where /proc has no schedstat (macOS, a kernel without CONFIG_SCHED_INFO): those runs are
+    simply not judged.
     """
     found: dict[int, dict[tuple[int, int], tuple[int, int]]] = {g: {} for g in pgids}
     if not pgids or not _PROC.is_dir():
@@ -165,10 +168,24 @@ def scan_groups(pgids: set[int]) -> dict[int, dict[tuple[int, int], tuple[int, i
         pids = [p for p in os.listdir(_PROC) if p.isdigit()]
     except OSError:
         return found
+    children: dict[int, list[int]] = {}
+    owner: dict[int, int] = {}  # pid -> the run it belongs to
     for pid in pids:
-        group = _pgrp(pid)
+        pg = _parent_and_group(pid)
+        if pg is None:
+            continue
+        parent, group = pg
+        children.setdefault(parent, []).append(int(pid))
         if group in found:
-            found[group].update(_threads_of(pid))
+            owner[int(pid)] = group
+    for root in pgids:  # the wrapper's pid is its group's id (start_new_session)
+        stack = [root]
+        while stack:
+            pid = stack.pop()
+            owner.setdefault(pid, root)
+            stack += [c for c in children.get(pid, []) if c not in owner]
+    for pid, run in owner.items():
+        found[run].update(_threads_of(str(pid)))
     return found
 
 
