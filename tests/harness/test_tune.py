@@ -188,7 +188,9 @@ def test_cli_passes_the_candidates_through(tmp_path):
     toml = lab / "nightlab.toml"
     toml.write_text(toml.read_text() + "\n" + NIGHTLAB_TOML)
     subprocess.run(["git", "commit", "-qam", "a profile"], cwd=lab, check=True)
-    out = nightlab("tune", "--steps", "7", "--compile", "off", "--attention", "sdpa", "--json", cwd=lab)
+    # --no-measure: no runs of the tuned incumbent are queued, so no controller starts
+    args = ("tune", "--steps", "7", "--compile", "off", "--attention", "sdpa", "--no-measure", "--json")
+    out = nightlab(*args, cwd=lab)
     data = json.loads(out.stdout)
     rows = [r for r in data["rows"] if r != data["current"]]
     assert {(r["candidate"]["compile"], r["candidate"]["attention"]) for r in rows} == {("off", "sdpa")}
