@@ -261,5 +261,8 @@ def test_cli_commits_a_real_gain_and_queues_the_tuned_incumbent(tmp_path):
             assert opened.head() == out["commit"]
             runs = opened.ledger.experiments(ids=out["measuring"])
             assert {e.tree for e in runs} == {opened.head_tree()} and {e.source for e in runs} == {"noise"}
+        # let the controller the submission started come up (the stand-in's runs end at once), so
+        # the stop below cannot race its start
+        nightlab("wait", *out["measuring"], "--timeout", "120", cwd=lab)
     finally:
         nightlab("fleet", "stop", cwd=lab, check=False)
