@@ -17,7 +17,9 @@ Inside the sandbox:
   tokenizer, train.*) are bound back, read-only; the validation files read as empty;
 - the lab's `.nightlab/` is an empty tmpfs: no ledger, no other attempt, no supervisor result;
   only this attempt's `work/` (the snapshot) and `handoff/` (where the model goes) are writable;
-- /tmp is private, except the compile caches torch needs (inductor, triton), bound writable;
+- /tmp is private, except the compile caches torch needs (inductor, triton), bound writable, and,
+  read-only, whatever of the Python running nightlab and of the lab lives under /tmp (a venv or a
+  checkout there, as in a CI clone) — hiding those would leave the run without its interpreter;
 - a new PID namespace and session: the supervisor is not visible, and cannot be signalled.
 
 Usage:
@@ -31,6 +33,7 @@ import getpass
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +93,27 @@ def available() -> str | None:
     return None
 
 
+def _under_tmp(plan: SandboxPlan) -> list[Path]:
+    """The folders under /tmp the run needs to see: its Python, nightlab's import path, the lab.
+
+    Outermost first and without ones nested in another, so each is one read-only bind.
+    """
+    import nightlab
+
+    wanted = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), plan.lab_dir}
+    wanted.add(Path(nightlab.__file__).resolve().parent.parent)
+    wanted.update(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
+    tmp = Path("/tmp")
+    # both spellings: the command names the venv as given, a symlinked folder resolves elsewhere
+    both = {form for p in wanted if p.exists() for form in (p.absolute(), p.resolve())}
+    inside = sorted(both - {tmp}, key=lambda p: len(p.parts))
+    chosen: list[Path] = []
+    for path in inside:
+        if path.is_relative_to(tmp) and not any(path.is_relative_to(c) for c in chosen):
+            chosen.append(path)
+    return chosen
+
+
 def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
     """The command line that runs `argv` in the sandbox, and the mode: "bwrap", or "none".
 
@@ -110,6 +134,8 @@ def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
         "/proc",
     ]
     args += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+    for path in _under_tmp(plan):  # before the hiding binds below, so those still apply inside
+        args += ["--ro-bind", str(path), str(path)]
     for cache in plan.caches:
         cache.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(cache), str(cache)]
