@@ -177,7 +177,13 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     if cli == "codex":  # Codex reports tokens: priced so that one session costs a few dollars
         agent_toml(lab, "[agent.token_prices]\ninput = 100.0\ncached_input = 10.0\noutput = 100.0\n")
     slow = nightlab("submit", "-m", "slow", "--set", "SLEEP=4", cwd=lab).stdout.split()[0]
-    controller = json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"]
+    # `submit` starts the controller in the background: wait until it has registered, or a
+    # status taken while it is still starting reads "not running"
+    controller = wait_for(
+        lambda: (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["running"] and c,
+        timeout=30,
+        what="the controller that submit started",
+    )
     with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:
         env = cli_env(cli, server.url, tmp_path / "home", bins)
         proc = agent_run(net, lab, env, "--agent", cli, "--max-cost", "0.05", "--stall-seconds", "60")

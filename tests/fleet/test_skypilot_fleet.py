@@ -585,8 +585,12 @@ def test_stopping_the_controller_cancels_remote_jobs_and_requeues(sky_lab, fake)
     lab = sky_lab()
     eid = submit(lab, "long", "h200", MODE='"hang"')
     with ControllerThread(lab):
-        wait_until(
-            lambda: any(j.status.value == "RUNNING" for c in fake.clusters.values() for j in c.jobs.values())
+        wait_until(  # the experiment's job, not the cluster's set-up or version probe
+            lambda: any(
+                j.status.value == "RUNNING" and j.name.startswith("nightlab-")
+                for c in fake.clusters.values()
+                for j in c.jobs.values()
+            )
         )
         fake.request_seconds = 300  # 0.3 s per request: a cancel still in flight would show
     jobs = [j for c in fake.clusters.values() for j in c.jobs.values() if j.name.startswith("nightlab-")]

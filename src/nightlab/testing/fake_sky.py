@@ -158,8 +158,10 @@ class FakeSky:
             monkeypatch.setattr(sky, name, getattr(self, name))
         from sky.server import common
 
+        # Set for the rest of the process, not through monkeypatch: a backend thread that outlives
+        # its test would otherwise reach the restored SDK and start a real local API server.
         for name in ("check_server_healthy_or_start_fn", "make_authenticated_request"):
-            monkeypatch.setattr(common, name, _refuse_network)
+            setattr(common, name, _refuse_network)
         return self
 
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
