@@ -180,7 +180,9 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     # `submit` starts the controller in the background: wait until it has registered, or a
     # status taken while it is still starting reads "not running"
     controller = wait_for(
-        lambda: (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["running"] and c,
+        lambda: (
+            (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["running"] and c
+        ),
         timeout=30,
         what="the controller that submit started",
     )
