@@ -1,0 +1,639 @@
+"""A real single-node Slurm cluster and a real SkyPilot API server on 127.0.0.1, for tests.
+
+Brings up, each with its own files under one run directory and its own free port, and
+records every PID it starts: munged (own key and socket), slurmctld + slurmd (own
+slurm.conf via `SLURM_CONF`; nothing under /etc is changed), a dedicated SSH user
+(`nightlab-sky`) and an sshd on 127.0.0.1 for it, and the SkyPilot API server with
+`~/.slurm/config`, `~/.sky/config.yaml` and `~/.sky/user_hash` in a temporary HOME.
+`down()` cancels every Slurm job of the run, stops each process by PID (SIGTERM, then
+SIGKILL) and removes the run's files; `up()` calls it itself when a step fails, and
+first stops what an earlier run that died left behind (its PID record survives it).
+
+What is missing is installed: the Debian packages (`apt-get`, as root) and
+`skypilot[slurm]==SKYPILOT` (pip, into this interpreter's environment).
+
+Offline staging (this fixture only; a machine with internet needs none of it): SkyPilot's
+runtime set-up fetches the uv installer from its vendor's site and then a managed Python
+3.10 through uv, which a machine that reaches only package registries cannot. The SSH
+user's PATH starts with a `shim/` directory whose `curl` answers that one URL with a
+script that installs a local `uv` (from PyPI's `uv` wheel) wrapped so that `--python 3.10`
+means the system python3; every other call goes to the real curl. Its pip gets this
+machine's pip configuration (`PIP_CONFIG_FILE`) and TLS bundle (`SSL_CERT_FILE`, which uv
+needs behind an intercepting proxy) through sshd's `SetEnv`.
+
+The SSH user's pip installs from a local wheelhouse only (`wheelhouse()`: every dependency
+of nightlab, downloaded once per requirement set and cached across runs), so two clusters
+setting up at once do not each fetch ~60 packages from the index; what set-up installs as
+nightlab is still the controller's shipped wheel.
+
+Measured on the shared 2-core machine (2026-12-01, load average 12-18 from other test
+runs): `up()` 96-103 s, most of it `sky check slurm`; the wheelhouse 61 s once.
+
+Usage: `python tests/skypilot_real/localsky.py` brings it up, prints the environment to
+use (`HOME`, `SKYPILOT_API_SERVER_LOCAL_PORT`, `SLURM_CONF`) and waits for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SKYPILOT = "0.14.1"  # the staging above depends on this release's runtime set-up commands
+DEBIAN_PACKAGES = ["slurm-wlm", "slurmctld", "slurmd", "munge", "openssh-server", "openssh-client", "rsync"]
+COMMANDS = ["munged", "slurmctld", "slurmd", "sbatch", "scancel", "sinfo", "sshd", "ssh", "rsync"]
+SSH_USER = "nightlab-sky"
+SLURM_CLUSTER = "localslurm"  # the Host in ~/.slurm/config: `infra = "slurm/localslurm"`
+RUNS = Path(tempfile.gettempdir()) / "nightlab-localsky"  # one directory per run; short (unix sockets)
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+CURL_SHIM = """#!/bin/bash
+# test fixture only: SkyPilot's runtime set-up pipes the uv installer into sh; install the local uv
+for a in "$@"; do
+  if [ "$a" = "https://astral.sh/uv/install.sh" ]; then
+    printf '%s\\n' 'd="${{UV_INSTALL_DIR:-$HOME/.local/bin}}"; mkdir -p "$d" && cp {uv_wrapper} "$d/uv" && chmod 755 "$d/uv"'
+    exit 0
+  fi
+done
+exec /usr/bin/curl "$@"
+"""
+
+UV_WRAPPER = """#!/bin/bash
+# test fixture only: SkyPilot asks uv for a managed Python 3.10 (a download); use the system python3
+args=()
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "--python" ] && [ "$a" = "3.10" ]; then a=/usr/bin/python3; fi
+  args+=("$a"); prev="$a"
+done
+exec {uv} "${{args[@]}}"
+"""
+
+
+PROFILE = """# written by nightlab's tests/skypilot_real/localsky.py (this user exists for those tests)
+if [ -f ~/.profile ]; then . ~/.profile; fi
+if [ -n "${NIGHTLAB_LOCALSKY_SHIM:-}" ]; then PATH="$NIGHTLAB_LOCALSKY_SHIM:$PATH"; export PATH; fi
+"""
+
+
+class LocalSkyError(RuntimeError):
+    """The local cluster could not be brought up (the message names the step and its log)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise LocalSkyError(
+            f"`{' '.join(cmd)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
+        )
+    return proc
+
+
+def _wait(what: str, ok, timeout: float, log: Path | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with contextlib.suppress(Exception):
+            if ok():
+                return
+        time.sleep(0.2)
+    tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+    raise LocalSkyError(f"{what} not ready after {timeout:.0f} s" + (f"; {log}:\n{tail}" if tail else ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False  # a zombie: dead, not yet reaped
+    return True
+
+
+def stop_pid(pid: int, *, group: bool = False, grace: float = 10.0) -> None:
+    """SIGTERM a process (or its process group), then SIGKILL it after `grace` seconds."""
+    send = os.killpg if group else os.kill
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        send(pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        send(pid, signal.SIGKILL)
+
+
+def ensure_installed() -> None:
+    """Install the Debian packages and the pinned SkyPilot when missing."""
+    missing = [c for c in COMMANDS if shutil.which(c) is None and not Path(f"/usr/sbin/{c}").exists()]
+    if missing:
+        if os.geteuid() != 0:
+            raise LocalSkyError(
+                f"missing {missing}; run as root or `apt-get install {' '.join(DEBIAN_PACKAGES)}`"
+            )
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        _run(["apt-get", "update", "-qq"], env=env, timeout=600)
+        _run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *DEBIAN_PACKAGES],
+            env=env,
+            timeout=900,
+        )
+    probe = "import sky, hostlist; print(sky.__version__)"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if found.returncode != 0 or found.stdout.strip() != SKYPILOT:
+        _run([sys.executable, "-m", "pip", "install", "-q", f"skypilot[slurm]=={SKYPILOT}"], timeout=900)
+
+
+def _uv_binary() -> Path:
+    """A uv binary from PyPI's `uv` wheel, cached across runs (installed to a temp name, renamed)."""
+    home = RUNS / "uv"
+    uv = home / "bin" / "uv"
+    if not uv.exists():
+        tmp = RUNS / f"uv.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        _run([sys.executable, "-m", "pip", "install", "-q", "--target", str(tmp), "uv"], timeout=600)
+        with contextlib.suppress(OSError):
+            tmp.rename(home)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return uv
+
+
+def wheelhouse() -> Path:
+    """Every dependency of nightlab as wheels in one local directory, cached across runs.
+
+    Two clusters setting up at once would otherwise each fetch ~60 packages (scipy, pyarrow,
+    torch, ...) from the index: minutes on a loaded 2-core machine. Keyed by nightlab's
+    requirements; the nightlab wheel itself is left out, so set-up installs the shipped one.
+    """
+    import hashlib
+    from importlib import metadata
+
+    requires = "\n".join(sorted(metadata.requires("nightlab") or []))
+    house = RUNS / f"wheelhouse-{hashlib.sha256(requires.encode()).hexdigest()[:12]}"
+    if house.exists():
+        return house
+    from nightlab.fleet.build import build_wheel
+
+    tmp = RUNS / f"wheelhouse.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheel = build_wheel(tmp / "self").path
+    _run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", str(tmp / "house"), str(wheel), "pip"],
+        timeout=1200,
+    )
+    for own in (tmp / "house").glob("nightlab-*"):
+        own.unlink()
+    with contextlib.suppress(OSError):
+        (tmp / "house").rename(house)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.chmod(house, 0o755)
+    for f in house.iterdir():
+        f.chmod(0o644)
+    return house
+
+
+def _pip_config(house: Path) -> str:
+    """pip.conf for the SSH user: this machine's pip settings, packages from the local wheelhouse only."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    ).stdout
+    values: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        name = key.split(".", 1)[-1]
+        if name and value:
+            values.setdefault(name, value.strip().strip("'\""))
+    for key, value in os.environ.items():
+        if key.startswith("PIP_") and key != "PIP_CONFIG_FILE":
+            values[key[4:].lower().replace("_", "-")] = value
+    values["find-links"] = " ".join(v for v in (values.get("find-links"), str(house)) if v)
+    values["no-index"] = "true"
+    for key in ("index-url", "extra-index-url"):
+        values.pop(key, None)
+    return "[global]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(values.items()))
+
+
+def reap_stale_runs() -> None:
+    """Stop what earlier runs left running (their owner process died) and remove their files."""
+    if not RUNS.exists():
+        return
+    for run in RUNS.glob("run-*"):
+        record = run / "pids.json"
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            data = {"owner": None, "pids": {}}
+        owner = data.get("owner")
+        if owner and _alive(int(owner)):
+            continue  # another test session is using it
+        for name, pid in reversed(list(data.get("pids", {}).items())):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(run) in cmdline or (name == "api-server" and "sky.server.server" in cmdline):
+                stop_pid(int(pid), group=name == "api-server", grace=3)
+        _kill_run_processes(run)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of a process (by /proc's parent links)."""
+    parents: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_run_processes(run: Path) -> None:
+    """Stop every process whose environment points at this run's slurm.conf (jobs, steps, shells),
+    and the SSH user's sshd sessions whose listener is gone (orphans: no live run owns them)."""
+    marker = f"SLURM_CONF={run}/".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            ppid = int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        orphan = ppid == 1 and cmdline.startswith(f"sshd: {SSH_USER}")
+        if marker in environ or orphan:
+            stop_pid(int(proc.name), grace=2)
+
+
+class LocalSky:
+    """One run of the local Slurm + SkyPilot stack (see the module docstring).
+
+    Args:
+        cpus: the CPUs slurm.conf declares for the node (SkyPilot asks for some per cluster;
+            more than the machine has is fine, as jobs here are sleeps and tiny scripts).
+    """
+
+    def __init__(self, *, cpus: int = 16) -> None:
+        self.cpus = cpus
+        self.root: Path | None = None
+        self.pids: dict[str, int] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env: dict[str, str] = {}
+        self.api_port = 0
+        self.user_hash = secrets.token_hex(4)
+
+    # ------------------------------------------------------------------ paths
+
+    def path(self, *parts: str) -> Path:
+        assert self.root is not None
+        return self.root.joinpath(*parts)
+
+    @property
+    def home(self) -> Path:
+        return self.path("home")
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.path("slurm", "slurm.conf")
+
+    def _record(self) -> None:
+        tmp = self.path("pids.json.tmp")
+        tmp.write_text(json.dumps({"owner": os.getpid(), "pids": self.pids}))
+        os.replace(tmp, self.path("pids.json"))
+
+    def _start(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, session: bool = False):
+        log = open(self.path("logs", f"{name}.log"), "ab")  # noqa: SIM115 - the child keeps it
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=session,
+        )
+        log.close()
+        self.procs[name] = proc
+        self.pids[name] = proc.pid
+        self._record()
+        return proc
+
+    def _check_alive(self, name: str) -> bool:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            log = self.path("logs", f"{name}.log")
+            raise LocalSkyError(f"{name} exited with {proc.returncode}; {log}:\n{log.read_text()[-2000:]}")
+        return True
+
+    # ------------------------------------------------------------------ up
+
+    def up(self) -> LocalSky:
+        """Bring everything up; on any failure tear down what started and raise LocalSkyError."""
+        start = time.time()
+        ensure_installed()
+        RUNS.mkdir(parents=True, exist_ok=True)
+        os.chmod(RUNS, 0o755)
+        reap_stale_runs()
+        self.root = Path(tempfile.mkdtemp(prefix="run-", dir=RUNS))
+        os.chmod(self.root, 0o755)  # the SSH user reads slurm.conf, the shims and pip.conf here
+        for d in ("logs", "run", "slurm/state", "slurm/spool", "shim", "home/.slurm", "home/.sky"):
+            self.path(d).mkdir(parents=True, exist_ok=True)
+        self._record()
+        try:
+            self._munge()
+            self._slurm()
+            self._ssh()
+            self._skypilot()
+        except BaseException:
+            self.down()
+            raise
+        self.startup_seconds = time.time() - start
+        return self
+
+    def _munge(self) -> None:
+        key_dir = self.path("munge-key")
+        key_dir.mkdir(mode=0o700)
+        key = key_dir / "munge.key"
+        key.write_bytes(secrets.token_bytes(128))
+        key.chmod(0o400)
+        sock = self.path("run", "munge.sock")
+        self._start(
+            "munged",
+            [
+                "munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
+                f"--pid-file={key_dir / 'munged.pid'}", f"--seed-file={key_dir / 'munged.seed'}",
+                f"--log-file={self.path('logs', 'munged.file.log')}",
+            ],
+        )  # fmt: skip
+        _wait(
+            "munged",
+            lambda: self._check_alive("munged") and sock.exists(),
+            20,
+            self.path("logs", "munged.log"),
+        )
+
+    def _slurm(self) -> None:
+        node = socket.gethostname().split(".")[0]
+        s = self.path("slurm")
+        self.slurm_conf.write_text(
+            f"""# written by tests/skypilot_real/localsky.py for one test run
+ClusterName={SLURM_CLUSTER}
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.path("run", "munge.sock")}
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+SchedulerType=sched/backfill
+SlurmctldPidFile={s}/slurmctld.pid
+SlurmdPidFile={s}/slurmd.pid
+StateSaveLocation={s}/state
+SlurmdSpoolDir={s}/spool
+SlurmctldLogFile={self.path("logs", "slurmctld.file.log")}
+SlurmdLogFile={self.path("logs", "slurmd.file.log")}
+KillWait=5
+MinJobAge=300
+NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        self.env["SLURM_CONF"] = str(self.slurm_conf)
+        self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)], env=env)
+        self._start("slurmd", ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", node], env=env)
+
+        def idle() -> bool:
+            self._check_alive("slurmctld") and self._check_alive("slurmd")
+            out = _run(["sinfo", "-h", "-o", "%T"], env=env, timeout=10, check=False).stdout
+            return out.strip() == "idle"
+
+        _wait("slurm (sinfo idle)", idle, 45, self.path("logs", "slurmctld.file.log"))
+        _run(["srun", "-N1", "-t", "1", "true"], env=env, timeout=60)
+
+    def _ssh(self) -> None:
+        try:
+            pwd.getpwnam(SSH_USER)
+        except KeyError:
+            _run(["useradd", "--create-home", "--shell", "/bin/bash", SSH_USER], check=False)
+            pwd.getpwnam(SSH_USER)  # a concurrent run may have created it first; either way it exists now
+        _run(["usermod", "-p", "*", SSH_USER])  # sshd refuses a user whose password is locked (`!`)
+        # SkyPilot runs every command in a login shell, whose /etc/profile resets PATH: the
+        # user's profile puts the shims back in front, only for sessions of a fixture's sshd
+        profile = Path(pwd.getpwnam(SSH_USER).pw_dir) / ".bash_profile"
+        profile.write_text(PROFILE)
+        ssh = self.path("ssh")
+        ssh.mkdir(mode=0o700)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "id")])
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "host")])
+        auth = self.path("auth")  # sshd reads it as the user: outside the private key's directory
+        auth.mkdir()
+        shutil.copy(ssh / "id.pub", auth / "authorized_keys")
+        (auth / "authorized_keys").chmod(0o644)
+        uv = _uv_binary()
+        wrapper = self.path("shim", "uv-wrapper")
+        wrapper.write_text(UV_WRAPPER.format(uv=uv))
+        curl = self.path("shim", "curl")
+        curl.write_text(CURL_SHIM.format(uv_wrapper=wrapper))
+        for f in (wrapper, curl):
+            f.chmod(0o755)
+        pip_conf = self.path("pip.conf")
+        pip_conf.write_text(_pip_config(wheelhouse()))
+        pip_conf.chmod(0o644)
+        self.ssh_port = free_port()
+        config = self.path("sshd_config")
+        set_env = {
+            "NIGHTLAB_LOCALSKY_SHIM": str(self.path("shim")),
+            "SLURM_CONF": str(self.slurm_conf),
+            "PIP_CONFIG_FILE": str(pip_conf),
+            "SSL_CERT_FILE": CA_BUNDLE,
+        }
+        config.write_text(
+            f"""ListenAddress 127.0.0.1
+Port {self.ssh_port}
+HostKey {ssh / "host"}
+PidFile {self.path("run", "sshd.pid")}
+AuthorizedKeysFile {auth / "authorized_keys"}
+AllowUsers {SSH_USER}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowTcpForwarding yes
+PermitUserEnvironment no
+AcceptEnv SKYPILOT_*
+SetEnv {" ".join(f"{k}={v}" for k, v in set_env.items())}
+Subsystem sftp internal-sftp
+LogLevel INFO
+"""
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        self._start("sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)])
+        probe = [
+            "ssh", "-i", str(ssh / "id"), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "LogLevel=ERROR", f"{SSH_USER}@127.0.0.1", "sinfo -h -o %T",
+        ]  # fmt: skip
+
+        def ssh_ok() -> bool:
+            self._check_alive("sshd")
+            return _run(probe, timeout=15, check=False).stdout.strip() == "idle"
+
+        _wait("sshd (ssh + sinfo as the SSH user)", ssh_ok, 30, self.path("logs", "sshd.log"))
+
+    def _skypilot(self) -> None:
+        home = self.home
+        (home / ".slurm" / "config").write_text(
+            f"""Host {SLURM_CLUSTER}
+  HostName 127.0.0.1
+  Port {self.ssh_port}
+  User {SSH_USER}
+  IdentityFile {self.path("ssh", "id")}
+  IdentitiesOnly yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+"""
+        )
+        tmpdir = self.path("cluster-tmp")
+        tmpdir.mkdir()
+        tmpdir.chmod(0o1777)  # the SSH user keeps the clusters' runtime there
+        (home / ".sky" / "config.yaml").write_text(
+            f"""allowed_clouds: [slurm]
+slurm:
+  cluster_configs:
+    {SLURM_CLUSTER}:
+      tmpdir: {tmpdir}
+"""
+        )
+        (home / ".sky" / "user_hash").write_text(self.user_hash)
+        self.api_port = free_port()
+        self.env.update(
+            {
+                "HOME": str(home),
+                "SKYPILOT_API_SERVER_LOCAL_PORT": str(self.api_port),
+                "SKYPILOT_DISABLE_USAGE_COLLECTION": "1",
+            }
+        )
+        env = self.environ()
+        self._start(
+            "api-server",
+            [sys.executable, "-m", "sky.server.server", "--host", "127.0.0.1", "--port", str(self.api_port)],
+            env=env,
+            session=True,  # its workers share its process group: stopped together
+        )
+
+        def healthy() -> bool:
+            self._check_alive("api-server")
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.api_port}/api/health", timeout=5) as r:
+                return r.status == 200
+
+        _wait("the SkyPilot API server", healthy, 120, self.path("logs", "api-server.log"))
+        sky = str(Path(sys.executable).with_name("sky"))
+        out = _run([sky, "check", "slurm"], env=env, timeout=180)
+        if "enabled" not in out.stdout.lower():
+            raise LocalSkyError(f"`sky check slurm` did not enable Slurm:\n{out.stdout[-2000:]}")
+
+    def environ(self) -> dict[str, str]:
+        """This process's environment pointed at the local SkyPilot and Slurm."""
+        return {**os.environ, **self.env}
+
+    # ------------------------------------------------------------------ down
+
+    def jobs(self) -> list[str]:
+        """Slurm jobs of this run (all users), as `id state name` lines."""
+        out = _run(["squeue", "-h", "-o", "%i %T %j"], env=self.environ(), timeout=15, check=False)
+        return [line for line in out.stdout.splitlines() if line.strip()]
+
+    def down(self) -> None:
+        """Stop everything this run started, by PID, and remove its files. Safe to call twice."""
+        if self.root is None:
+            return
+        env = self.environ()
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            _run(["scancel", "--full", "-u", SSH_USER], env=env, timeout=15, check=False)
+            deadline = time.time() + 20
+            while time.time() < deadline and self.jobs():
+                time.sleep(0.5)
+        # sshd's per-connection children outlive the listener: find them before it goes
+        children = [
+            pid
+            for name in ("sshd", "api-server")
+            if name in self.pids
+            for pid in _descendants(self.pids[name])
+        ]
+        for name in reversed(list(self.pids)):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                stop_pid(proc.pid, group=name == "api-server")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+        for pid in children:
+            if _alive(pid):
+                stop_pid(pid, grace=2)
+        _kill_run_processes(self.root)
+        self._remove_user_files()
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+        self.pids.clear()
+        self.procs.clear()
+
+    def _remove_user_files(self) -> None:
+        """The SSH user's cluster homes of this run (their names end in this run's user hash)."""
+        with contextlib.suppress(KeyError):
+            clusters = Path(pwd.getpwnam(SSH_USER).pw_dir) / ".sky_clusters"
+            for d in clusters.glob(f"*{self.user_hash}*"):
+                shutil.rmtree(d, ignore_errors=True)
+        # SkyPilot's SSH control sockets, named by the user hash
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"sky_ssh_{self.user_hash}", ignore_errors=True)
+        # the SSH user's uv cache, shared by concurrent runs: removed by the last one
+        if not [r for r in RUNS.glob("run-*") if r != self.root]:
+            with contextlib.suppress(KeyError):
+                uid = pwd.getpwnam(SSH_USER).pw_uid
+                shutil.rmtree(Path(tempfile.gettempdir()) / f"uv_cache_{uid}", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    local = LocalSky().up()
+    try:
+        print(f"up in {local.startup_seconds:.1f} s; run directory {local.root}")
+        for key, value in local.env.items():
+            print(f"export {key}={value}")
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        local.down()

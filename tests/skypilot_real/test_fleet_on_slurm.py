@@ -1,0 +1,275 @@
+"""`nightlab fleet up` -> a wave -> `fleet down` through the real SkyPilot on a local Slurm cluster.
+
+A lab whose pool is `backend = "skypilot"`, `infra = "slurm/localslurm"`, 2 workers, on the
+synthetic target; the nightlab CLI runs in subprocesses pointed at the fixture's API server
+(conftest.py, localsky.py). The clusters install nightlab the default way: the wheel the
+controller builds of itself, shipped with the cluster task. The tests share one lab and run
+in file order: up, the wave (with a preemption and a SIGKILLed controller), down.
+Run: `pytest -q tests/skypilot_real` (as root; installs what is missing; minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from localsky import SLURM_CLUSTER, SSH_USER
+
+from labkit import GIT_ENV, SYNTHETIC_TRAIN, commit, nightlab, wait_until
+
+POOL = f"""
+[[fleet.pool]]
+backend = "skypilot"
+tier = "slurm"
+workers = 2
+infra = "slurm/{SLURM_CLUSTER}"
+"""
+TIMEOUT = 150  # the lab's hard limit (s); counts from the lease, so it includes `sky exec` latency
+WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]
+
+# the wave: name -> knobs; each also runs on the local CPU slot, and both must agree
+WAVE = {
+    "baseline": {},
+    "lr-high": {"LR": "0.04"},
+    "lr-low": {"LR": "0.005"},
+    "crash": {"MODE": '"crash"'},
+    "nan": {"MODE": '"nan"'},
+    "no-summary": {"MODE": '"nothing"'},
+    "hang": {"MODE": '"hang"'},
+    "preempted": {"SLEEP": "30"},
+    "slow": {"SLEEP": "5"},
+}
+
+
+@pytest.fixture(scope="module")
+def env(local_sky) -> dict[str, str]:
+    return {**local_sky.environ(), **GIT_ENV}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, env, local_sky):
+    root = tmp_path_factory.mktemp("slurm")
+    target = root / "target"
+    target.mkdir()
+    (target / "train.py").write_text(SYNTHETIC_TRAIN)
+    (target / "prepare.py").write_text("# fixed data preparation (unused by the synthetic target)\n")
+    lab = root / "lab"
+    nightlab(
+        "init", str(lab), "--target", str(target), "--cpu-slots", "1", "--timeout", str(TIMEOUT), cwd=root
+    )
+    toml = lab / "nightlab.toml"
+    text = toml.read_text().replace("idle_shutdown = 900", "idle_shutdown = 600")
+    toml.write_text(text.replace("[search]", POOL + "\n[search]"))
+    commit(lab, "a slurm pool")
+    yield lab
+    nightlab("fleet", "stop", cwd=lab, check=False, env=env)
+    nightlab("fleet", "down", cwd=lab, check=False, env=env, timeout=600)
+
+
+def cli(lab: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return nightlab(*args, cwd=lab, env=env, timeout=timeout)
+
+
+def ledger_view(lab: Path):
+    from nightlab.ledger import open_ledger
+
+    with open_ledger(lab) as ledger:
+        exps = {e.id: e for e in ledger.experiments(with_metrics=True)}
+        tries = {eid: ledger.attempts(eid) for eid in exps}
+        events = ledger.events(limit=100_000)
+    return exps, tries, events
+
+
+# ---------------------------------------------------------------------------- fleet up
+
+
+def test_fleet_up_launches_and_sets_up_both_clusters(lab, env):
+    from nightlab.fleet.build import code_hash
+
+    up = cli(lab, env, "fleet", "up", "--json", timeout=1200)
+    rows = json.loads(up.stdout)
+    assert [(r["worker"], r["state"]) for r in rows] == [(w, "up") for w in WORKERS], up.stderr
+    status = json.loads(cli(lab, env, "fleet", "status", "--json").stdout)
+    clusters = {c["worker"]: c for c in status["clusters"]}
+    assert set(clusters) == set(WORKERS)
+    for c in clusters.values():
+        assert c["state"] == "up" and c["cost"] is not None  # Slurm has no prices: $0
+        # the cluster runs the controller's own build, and the same torch
+        assert c["nightlab_code"] == code_hash() and c["torch_version"] == version("torch")
+    text = cli(lab, env, "fleet", "status").stdout
+    assert "clusters (SkyPilot):" in text and f"({code_hash()})" in text
+    _, _, events = ledger_view(lab)
+    # set-up ran once per cluster
+    assert sorted(e.worker for e in events if e.kind == "cluster-up") == WORKERS
+    assert sorted(e.worker for e in events if e.kind == "cluster-launch") == WORKERS
+
+
+# ---------------------------------------------------------------------------- the wave
+
+
+def _submit(lab: Path, env: dict[str, str], name: str, tier: str, knobs: dict[str, str]) -> str:
+    args = ["submit", "-m", f"{name} on {tier}", "--tier", tier, "--no-start", "--json"]
+    for k, v in knobs.items():
+        args += ["--set", f"{k}={v}"]
+    return json.loads(cli(lab, env, *args).stdout)[0]["id"]
+
+
+def _controller_pid(lab: Path, env: dict[str, str]) -> int:
+    return int(cli(lab, env, "fleet", "start").stdout.strip())
+
+
+def _open_attempt(lab: Path, eid: str):
+    _, tries, _ = ledger_view(lab)
+    running = [a for a in tries[eid] if a.ended_at is None]
+    if not running:
+        return None
+    sky = Path(running[0].log_path or "").with_name("sky.json")
+    return running[0] if sky.exists() and "job_id" in sky.read_text() else None
+
+
+def _slurm_job_of(local_sky, cluster: str) -> str:
+    """The Slurm job (allocation) of a SkyPilot cluster: its name starts with the cluster's."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i %.200j"],
+        env=local_sky.environ(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (job,) = [line.split()[0] for line in out.splitlines() if line.split()[1].startswith(cluster)]
+    return job
+
+
+def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
+    from nightlab.fleet.build import code_hash
+    from nightlab.fleet.skypilot import cluster_name
+
+    remote = {name: _submit(lab, env, name, "slurm", knobs) for name, knobs in WAVE.items()}
+    local = {name: _submit(lab, env, name, "cpu", knobs) for name, knobs in WAVE.items()}
+    pid = _controller_pid(lab, env)
+    try:
+        # a preemption: the cluster's Slurm allocation is cancelled while the run is in flight
+        first = wait_until(lambda: _open_attempt(lab, remote["preempted"]), timeout=900, interval=1)
+        subprocess.run(
+            ["scancel", _slurm_job_of(local_sky, cluster_name(lab, first.worker))],
+            env=local_sky.environ(),
+            check=True,
+        )
+
+        def requeued():
+            _, tries, _ = ledger_view(lab)
+            return [a.failure for a in tries[remote["preempted"]]][:1] == ["infra"]
+
+        wait_until(requeued, timeout=600, interval=1)
+        # the controller dies (SIGKILL) with runs in flight; the next one re-attaches them
+        wait_until(lambda: any(_open_attempt(lab, eid) for eid in remote.values()), timeout=600, interval=0.5)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0)
+        pid = _controller_pid(lab, env)
+
+        def done():
+            exps, _, _ = ledger_view(lab)
+            return all(exps[e].status.name == "FINISHED" for e in [*remote.values(), *local.values()])
+
+        wait_until(done, timeout=1500, interval=2)
+    finally:
+        cli(lab, env, "fleet", "stop")
+    exps, tries, events = ledger_view(lab)
+    outcome = {name: exps[eid].outcome for name, eid in remote.items()}
+    # classified exactly as on the local backend
+    assert outcome == {name: exps[eid].outcome for name, eid in local.items()}
+    assert outcome == {
+        "baseline": "ok",
+        "lr-high": "ok",
+        "lr-low": "ok",
+        "crash": "crash:exception",
+        "nan": "crash:nan",
+        "no-summary": "crash:no-summary",
+        "hang": "timeout",
+        "preempted": "ok",
+        "slow": "ok",
+    }
+    for name, eid in remote.items():
+        failures = [a.failure for a in tries[eid]]
+        # exactly once: only the preempted run needed a second attempt, on the other worker
+        assert failures[:-1] == (["infra"] if name == "preempted" else []), (name, failures)
+        assert all(a.ended_at is not None for a in tries[eid])
+    lost, retry = tries[remote["preempted"]]
+    assert lost.worker != retry.worker and lost.worker in WORKERS
+    assert [e.worker for e in events if e.kind == "cluster-lost"] == [lost.worker]
+    assert any(e.kind == "reattach" for e in events)
+    # logs and summaries in the ledger, from the controller's own build on the cluster
+    base = exps[remote["baseline"]]
+    assert base.metrics["val_bpb"] == pytest.approx(exps[local["baseline"]].metrics["val_bpb"])
+    assert base.metrics["tier"] == "slurm" and base.metrics["nightlab_code"] == code_hash()
+    assert base.metrics["env_experiment"] == remote["baseline"]
+    assert exps[remote["lr-high"]].metrics["val_bpb"] > base.metrics["val_bpb"]
+    assert "ValueError: boom at step 3" in exps[remote["crash"]].detail
+    for eid in remote.values():
+        (last,) = [a for a in tries[eid] if a.failure != "infra"] or tries[eid][-1:]
+        assert Path(last.log_path).exists()
+    # nothing ran twice: one SkyPilot job per attempt over both clusters
+    jobs = []
+    for worker in WORKERS:
+        queue = subprocess.run(
+            [str(Path(sys.executable).with_name("sky")), "queue", cluster_name(lab, worker)],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        jobs += [w for w in queue.split() if w.startswith("nightlab-e")]
+    assert len(jobs) == len(set(jobs)), jobs
+
+
+# ---------------------------------------------------------------------------- conformance
+
+
+def test_the_conformance_suite_on_the_real_sdk(lab, env):
+    # the scenarios tests/fleet runs on nightlab.testing.fake_sky, here on the real SkyPilot
+    from nightlab.testing.skypilot_conformance import EXPECTED
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nightlab.testing.skypilot_conformance", str(lab), *WORKERS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == EXPECTED
+
+
+# ---------------------------------------------------------------------------- fleet down
+
+
+def test_fleet_down_leaves_nothing(lab, env, local_sky):
+    from nightlab.fleet.skypilot import cluster_name
+
+    down = cli(lab, env, "fleet", "down", timeout=600)
+    assert set(down.stdout.split()) <= {cluster_name(lab, w) for w in WORKERS}
+    wait_until(lambda: local_sky.jobs() == [], timeout=60, interval=1)
+    status = subprocess.run(
+        [str(Path(sys.executable).with_name("sky")), "status"], env=env, capture_output=True, text=True
+    )
+    assert "No existing clusters" in status.stdout, status.stdout
+    assert not json.loads(cli(lab, env, "fleet", "status", "--json").stdout)["controller"]["running"]
+    uid = pwd.getpwnam(SSH_USER).pw_uid
+
+    def no_user_processes():
+        return not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _uid(p) == uid]
+
+    wait_until(no_user_processes, timeout=60, interval=1)
+
+
+def _uid(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
