@@ -44,6 +44,9 @@ def cache_root() -> Path:
     return base / "nightlab-agent-clis"
 
 
+CLIS = ("claude", "codex")  # the agent CLIs tested for real, as `--agent` names them
+
+
 def install_cli(name: str) -> Path:
     """The `bin` directory of the pinned CLI `name`, installed with npm first if missing."""
     package, version = PINNED[name]

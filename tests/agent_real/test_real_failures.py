@@ -22,25 +22,12 @@ import time
 from pathlib import Path
 
 import pytest
-from real_support import LoopbackNet, agent_run, cli_env, finish, install_cli, state, stop, wait_for
+from real_support import CLIS, agent_run, cli_env, finish, state, stop, wait_for
 from scripted_server import ResearchPolicy, ScriptedServer
 
 from labkit import commit, nightlab, wait_json
 
-CLIS = ("claude", "codex")
 OUTAGE = {"claude": "529", "codex": "500"}
-
-
-@pytest.fixture(scope="session")
-def bins():
-    return {name: install_cli(name) for name in CLIS}
-
-
-@pytest.fixture(scope="session")
-def net():
-    loopback = LoopbackNet()
-    yield loopback
-    loopback.close()
 
 
 def agent_toml(lab: Path, text: str) -> None:

@@ -15,26 +15,13 @@ import json
 import os
 
 import pytest
-from real_support import LoopbackNet, agent_run, cli_env, finish, install_cli, state
+from real_support import CLIS, agent_run, cli_env, finish, state
 from scripted_server import CHARS_PER_TOKEN, REQUIRED_STATE, ResearchPolicy, ScriptedServer
 
 from labkit import nightlab, wait_json
 from nightlab.agent.prompt import PROMPT_TOKEN_BUDGET
 
-CLIS = ("claude", "codex")
 CLI_OWN_TOKENS = 16_000  # a new CLI version that sends much more than this deserves a look
-
-
-@pytest.fixture(scope="session")
-def bins():
-    return {name: install_cli(name) for name in CLIS}
-
-
-@pytest.fixture(scope="session")
-def net():
-    loopback = LoopbackNet()
-    yield loopback
-    loopback.close()
 
 
 @pytest.mark.parametrize("cli", CLIS)
