@@ -133,7 +133,9 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
         assert "health degraded (got" in shown
         # the report and the dashboard say it too; the journal gives its figure and reason
         nightlab("report", "--no-plot", cwd=lab)
-        rows = [r.split("\t") for r in (lab / "results.tsv").read_text().splitlines()[1:]]
+        # results.tsv holds the default tier, results-cpu2.tsv the second pool's
+        tsvs = (lab / "results.tsv", lab / "results-cpu2.tsv")
+        rows = [r.split("\t") for tsv in tsvs for r in tsv.read_text().splitlines()[1:]]
         marked = [r for r in rows if "[degraded: starved" in r[4]]
         assert len(marked) >= 2 and {r[3] for r in marked} == {"discard"}
         from nightlab.web._readonly import ReadOnlyLab
