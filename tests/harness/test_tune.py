@@ -173,9 +173,8 @@ def test_hung_candidate_times_out_and_zero_throughput_is_not_ok(lab):
     assert result.best.candidate.device_batch_size == 4
 
 
-def test_cli_passes_the_candidates_through(tmp_path):
-    """`nightlab tune --compile off --attention sdpa` measures only those (e.g. no 40 s CPU compile)."""
-    import json
+def _tune_lab(tmp_path):
+    """A lab on the fake trainer with the tune profile committed (what the CLI tests start from)."""
     import subprocess
 
     from labkit import nightlab
@@ -188,6 +187,16 @@ def test_cli_passes_the_candidates_through(tmp_path):
     toml = lab / "nightlab.toml"
     toml.write_text(toml.read_text() + "\n" + NIGHTLAB_TOML)
     subprocess.run(["git", "commit", "-qam", "a profile"], cwd=lab, check=True)
+    return lab
+
+
+def test_cli_passes_the_candidates_through(tmp_path):
+    """`nightlab tune --compile off --attention sdpa` measures only those (e.g. no 40 s CPU compile)."""
+    import json
+
+    from labkit import nightlab
+
+    lab = _tune_lab(tmp_path)
     # --no-measure: no runs of the tuned incumbent are queued, so no controller starts
     args = ("tune", "--steps", "7", "--compile", "off", "--attention", "sdpa", "--no-measure", "--json")
     out = nightlab(*args, cwd=lab)
@@ -240,19 +249,11 @@ def test_interval_and_decision():
 
 def test_cli_commits_a_real_gain_and_queues_the_tuned_incumbent(tmp_path):
     import json
-    import subprocess
 
     from labkit import nightlab
     from nightlab.lab import Lab
 
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "train.py").write_text(FAKE_TRAIN)
-    lab = tmp_path / "lab"
-    nightlab("init", str(lab), "--target", str(target), "--command", "python train.py", cwd=tmp_path)
-    toml = lab / "nightlab.toml"
-    toml.write_text(toml.read_text() + "\n" + NIGHTLAB_TOML)
-    subprocess.run(["git", "commit", "-qam", "a profile"], cwd=lab, check=True)
+    lab = _tune_lab(tmp_path)
     try:
         args = ("tune", "--steps", "7", "--compile", "off", "--attention", "sdpa", "--batch-size", "4")
         out = json.loads(nightlab(*args, "--repeats", "2", "--json", cwd=lab).stdout)
