@@ -8,7 +8,25 @@ backticks and say what to do next.
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Sequence
+
+MAX_MESSAGE = 2000  # characters of an error line; a 10,000-character id is shown cut
+_UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, formats (bidi), separators, unassigned
+
+
+def one_line(message: str) -> str:
+    """An error message safe to print as one terminal line.
+
+    Messages quote the user's value, and a value can hold a newline, `\\r`, NUL, an ANSI
+    escape or a right-to-left override (found by tests/reliability): those are shown
+    escaped (`\\n`, `\\x00`, `\\u202e`), never interpreted by the terminal.
+    """
+    out = "".join(
+        ch.encode("unicode_escape").decode() if unicodedata.category(ch) in _UNPRINTABLE else ch
+        for ch in message
+    )
+    return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 1] + "…"
 
 
 class NightlabError(Exception):
@@ -29,6 +47,10 @@ class NotALabError(UsageError):
 
 class ConfigError(UsageError):
     """`nightlab.toml` is missing a key or holds a value of the wrong kind."""
+
+    def __init__(self, message: str) -> None:
+        # the message quotes values from the file, and a TOML string can hold a newline
+        super().__init__(one_line(message))
 
 
 class UnknownExperimentError(UsageError):

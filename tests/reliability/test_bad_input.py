@@ -283,6 +283,8 @@ TOML_KEYS = st.sampled_from(
 
 @settings(max_examples=400, deadline=None)
 @given(key=TOML_KEYS, value=TOML_VALUES)
+@example(key="fleet.pool.0.backend", value="\n")  # found by hypothesis: the value was quoted raw
+@example(key="fleet.pool.0.tier", value="a\x1b[2Jb")
 def test_config_values_are_checked_or_sane(key, value):
     import math
 

@@ -82,29 +82,9 @@ def cli() -> None:
     """
 
 
-MAX_MESSAGE = 2000  # characters of an error line; a 10,000-character id is shown cut
-_UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, formats (bidi), separators, unassigned
-
-
-def one_line(message: str) -> str:
-    """An error message safe to print as one terminal line.
-
-    Messages quote the user's value, and a value can hold a newline, `\\r`, NUL, an ANSI
-    escape or a right-to-left override (found by tests/reliability): those are shown
-    escaped (`\\n`, `\\x00`, `\\u202e`), never interpreted by the terminal.
-    """
-    import unicodedata
-
-    out = "".join(
-        ch.encode("unicode_escape").decode() if unicodedata.category(ch) in _UNPRINTABLE else ch
-        for ch in message
-    )
-    return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 1] + "…"
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the command and maps errors to exit codes (1 failed, 2 bad input)."""
-    from nightlab.errors import NightlabError
+    from nightlab.errors import NightlabError, one_line
 
     try:
         # Without standalone mode click returns the code of a `click.exceptions.Exit` raised in a
