@@ -156,14 +156,15 @@ def test_backups_at_a_fixed_interval_keep_the_last_few(fast_lab):
 
 def test_a_backup_is_taken_before_a_migration(tmp_path, monkeypatch):
     from nightlab import ledger as ledger_mod
+    from nightlab.ledger import _schema
 
     db = tmp_path / ".nightlab" / "ledger.db"
     db.parent.mkdir()
     with ledger_mod.Ledger(db, create=True) as ledger:
         ledger.log_event("before-migration")
     old = ledger_mod.SCHEMA_VERSION
-    monkeypatch.setattr(ledger_mod, "SCHEMA_VERSION", old + 1)
-    monkeypatch.setattr(ledger_mod, "MIGRATIONS", [*ledger_mod.MIGRATIONS, "CREATE TABLE probe (x INTEGER)"])
+    monkeypatch.setattr(_schema, "SCHEMA_VERSION", old + 1)
+    monkeypatch.setattr(_schema, "MIGRATIONS", [*_schema.MIGRATIONS, "CREATE TABLE probe (x INTEGER)"])
     with ledger_mod.Ledger(db) as ledger:
         assert ledger.schema_version() == old + 1
     [pre] = backup.list_backups(db)

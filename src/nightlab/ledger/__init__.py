@@ -1,0 +1,52 @@
+"""The ledger: every experiment, attempt, metric, wave, worker and event of a lab.
+
+SQLite in WAL mode at `.nightlab/ledger.db` is the one source of truth: the controller,
+agents calling the CLI, the search loop and the dashboard all read and write it at once,
+each through its own connection. Writers take the database lock with `BEGIN IMMEDIATE`
+so two processes can never both lease the same experiment or allocate the same id.
+
+Contract (what every caller may rely on):
+- methods are safe to call from many processes; one `Ledger` object belongs to one thread;
+- returned objects are frozen snapshots and never change under the caller;
+- a finished experiment's outcome and metrics are immutable: `finish_attempt` on an
+  attempt that already ended, or that is no longer the experiment's current attempt,
+  changes nothing and returns None. That single check is what makes every experiment
+  end exactly once even when a controller dies and a second one takes over.
+
+Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
+`ExperimentStatus`, decoders), `_base` (`BaseLedger`: the connection and every read),
+`_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
+(`ReadOnlyLedger`, the dashboard's). Every SQL statement of nightlab lives in this package.
+"""
+
+from nightlab.ledger._base import BaseLedger
+from nightlab.ledger._ledger import Ledger, open_ledger
+from nightlab.ledger._readonly import ReadOnlyLedger
+from nightlab.ledger._rows import (
+    Attempt,
+    ControllerRecord,
+    Event,
+    Experiment,
+    ExperimentStatus,
+    NewExperiment,
+    Wave,
+    Worker,
+)
+from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Attempt",
+    "BaseLedger",
+    "ControllerRecord",
+    "Event",
+    "Experiment",
+    "ExperimentStatus",
+    "Ledger",
+    "NewExperiment",
+    "ReadOnlyLedger",
+    "Wave",
+    "Worker",
+    "open_ledger",
+]

@@ -1,0 +1,284 @@
+"""`BaseLedger`: one connection to a lab's ledger and every read a ledger offers.
+
+`Ledger` (read-write: migrates, writes inside `transaction()`) and `ReadOnlyLedger` (the
+dashboard's, opened `mode=ro`) both derive from it. A subclass says only how its connection
+is opened (`_connect`) and what it checks once it is open (`_ready`); the reads are shared, so
+the dashboard and the CLI can never query a ledger differently.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nightlab import integrity
+from nightlab.errors import LedgerError, UnknownExperimentError
+from nightlab.ledger._rows import (
+    Attempt,
+    ControllerRecord,
+    Event,
+    Experiment,
+    ExperimentStatus,
+    Wave,
+    Worker,
+    _to_attempt,
+    _to_controller,
+    _to_event,
+    _to_experiment,
+    _to_wave,
+    _to_worker,
+)
+
+
+class BaseLedger(ABC):
+    """A connection to one lab's ledger database, and its reads.
+
+    Contract for implementers: `_connect()` returns the open connection; `_ready()` runs once
+    it is set (pragmas, schema checks or migrations) and may raise `LedgerError`. Every
+    `sqlite3.Error` while opening becomes one `LedgerError` line that names the fix.
+    """
+
+    _opening = "open"  # the verb of the error message when opening fails
+
+    def __init__(self, path: Path | str, *, create: bool = False, check_wal: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise LedgerError(f"ledger `{self.path}` does not exist; run `nightlab init` to create a lab")
+        # before SQLite opens the file: its recovery would silently drop a cut WAL's tail
+        problem = integrity.check_wal(self.path) if check_wal else None
+        if problem is not None:
+            raise integrity.wal_error(self.path, problem)
+        try:
+            self._conn = self._connect()
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA busy_timeout = 60000")
+            self._ready()
+        except sqlite3.Error as e:
+            raise integrity.explain(e, self.path, self._opening) from e
+
+    @abstractmethod
+    def _connect(self) -> sqlite3.Connection:
+        """Open the SQLite connection (isolation_level=None: BEGIN is issued explicitly)."""
+
+    @abstractmethod
+    def _ready(self) -> None:
+        """Prepare or check the freshly opened connection; raise `LedgerError` to refuse it."""
+
+    # ------------------------------------------------------------------ plumbing
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> BaseLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self._conn.execute(sql, tuple(args)).fetchall()
+        except sqlite3.Error as e:
+            raise integrity.explain(e, self.path, "read") from e
+
+    def check(self, *, full: bool = False) -> list[str]:
+        """What SQLite's `quick_check` (or `integrity_check` with `full`) finds wrong; empty when whole."""
+        return integrity.quick_check(self._conn, full=full)
+
+    def schema_version(self) -> int:
+        has_meta = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if not has_meta:
+            return 0
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def version(self) -> int:
+        """The id of the latest event: it grows with every change the lab records."""
+        return int(self._query("SELECT COALESCE(MAX(id), 0) FROM events")[0][0])
+
+    def meta(self, key: str) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0]["value"] if rows else None
+
+    # ------------------------------------------------------------------ experiments
+
+    def get(self, experiment_id: str) -> Experiment:
+        rows = self._query("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
+        if not rows:
+            raise UnknownExperimentError(
+                f"unknown experiment `{experiment_id}`; list them with `nightlab results --all`"
+            )
+        return _to_experiment(rows[0], self.metrics_for([experiment_id]).get(experiment_id, {}))
+
+    def experiments(
+        self,
+        *,
+        status: ExperimentStatus | Iterable[ExperimentStatus] | None = None,
+        tier: str | None = None,
+        wave: str | None = None,
+        tree: str | None = None,
+        parent: str | None = None,
+        ids: Iterable[str] | None = None,
+        with_metrics: bool = True,
+    ) -> list[Experiment]:
+        """Experiments matching every given filter, in submission order."""
+        where, args = [], []
+        if status is not None:
+            statuses = [status] if isinstance(status, ExperimentStatus) else list(status)
+            where.append(f"status IN ({','.join('?' * len(statuses))})")
+            args += [int(s) for s in statuses]
+        for column, value in (("tier", tier), ("wave", wave), ("tree", tree), ("parent", parent)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if ids is not None:
+            id_list = list(ids)
+            where.append(f"id IN ({','.join('?' * len(id_list))})")
+            args += id_list
+        sql = "SELECT * FROM experiments"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(sql + " ORDER BY seq", args)
+        if not with_metrics or not rows:
+            metrics: dict[str, dict[str, Any]] = {}
+        elif not where:
+            metrics = self._all_metrics()  # one scan beats thousands of bound ids
+        else:
+            metrics = self.metrics_for([r["id"] for r in rows])
+        return [_to_experiment(r, metrics.get(r["id"], {})) for r in rows]
+
+    def by_commit(self, column: str, commits: Iterable[str]) -> list[Experiment]:
+        """Experiments whose `snapshot` or `parent` is one of `commits`, in submission order (no metrics)."""
+        if column not in ("snapshot", "parent"):
+            raise ValueError(f"`{column}` is not a commit column")
+        wanted = sorted(set(commits))
+        rows = []
+        for start in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
+            chunk = wanted[start : start + 500]
+            rows += self._query(
+                f"SELECT * FROM experiments WHERE {column} IN ({','.join('?' * len(chunk))})", chunk
+            )
+        return [_to_experiment(r) for r in sorted(rows, key=lambda r: r["seq"])]
+
+    def _all_metrics(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for eid, key, value, text in self._query("SELECT experiment_id, key, value, text FROM metrics"):
+            out.setdefault(eid, {})[key] = value if value is not None else text
+        return out
+
+    def metrics_for(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        # chunks keep us under SQLite's bound-parameter limit on big ledgers
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = self._query(
+                f"SELECT experiment_id, key, value, text FROM metrics WHERE experiment_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            )
+            for r in rows:
+                out.setdefault(r["experiment_id"], {})[r["key"]] = (
+                    r["value"] if r["value"] is not None else r["text"]
+                )
+        return out
+
+    def cancel_requests(self) -> set[str]:
+        """Ids of running experiments someone asked to cancel (the controller polls this)."""
+        rows = self._query(
+            "SELECT id FROM experiments WHERE status = ? AND cancel_requested = 1",
+            (int(ExperimentStatus.RUNNING),),
+        )
+        return {r["id"] for r in rows}
+
+    def queued_counts(self) -> dict[str, int]:
+        """Number of queued experiments per tier (a read: takes no lock)."""
+        rows = self._query(
+            "SELECT tier, COUNT(*) AS n FROM experiments WHERE status = ? GROUP BY tier",
+            (int(ExperimentStatus.QUEUED),),
+        )
+        return {r["tier"]: r["n"] for r in rows}
+
+    def find_measured(self, tree: str, tier: str, seed: int) -> Experiment | None:
+        """An experiment of the same files, tier and seed that is queued, running or finished ok."""
+        rows = self._query(
+            "SELECT * FROM experiments WHERE tree = ? AND tier = ? AND seed = ? AND"
+            " (status IN (?, ?) OR (status = ? AND outcome = 'ok')) ORDER BY seq LIMIT 1",
+            (
+                tree,
+                tier,
+                seed,
+                int(ExperimentStatus.QUEUED),
+                int(ExperimentStatus.RUNNING),
+                int(ExperimentStatus.FINISHED),
+            ),
+        )
+        return _to_experiment(rows[0]) if rows else None
+
+    def seeds_used(self, tree: str, tier: str) -> set[int]:
+        rows = self._query(
+            "SELECT seed FROM experiments WHERE tree = ? AND tier = ? AND status != ?",
+            (tree, tier, int(ExperimentStatus.CANCELLED)),
+        )
+        return {r["seed"] for r in rows}
+
+    def epochs(self) -> list[tuple[str, str, str]]:
+        """(epoch key, id of its first experiment, that experiment's snapshot), in order of first use."""
+        rows = self._query(
+            "SELECT e.epoch, e.id, e.snapshot FROM experiments e JOIN"
+            " (SELECT epoch, MIN(seq) AS seq FROM experiments WHERE epoch != '' GROUP BY epoch) f"
+            " ON e.seq = f.seq ORDER BY e.seq"
+        )
+        return [(r["epoch"], r["id"], r["snapshot"]) for r in rows]
+
+    # ------------------------------------------------------------------ attempts
+
+    def open_attempts(self) -> list[Attempt]:
+        """Attempts that started and have not ended: what a restarted controller must re-attach."""
+        rows = self._query("SELECT * FROM attempts WHERE ended_at IS NULL ORDER BY id")
+        return [_to_attempt(r) for r in rows]
+
+    def attempts(self, experiment_id: str) -> list[Attempt]:
+        rows = self._query("SELECT * FROM attempts WHERE experiment_id = ? ORDER BY number", (experiment_id,))
+        return [_to_attempt(r) for r in rows]
+
+    # ------------------------------------------------------------------ waves, workers, controller, events
+
+    def wave(self, wave_id: str) -> Wave:
+        rows = self._query("SELECT * FROM waves WHERE id = ?", (wave_id,))
+        if not rows:
+            raise UnknownExperimentError(f"unknown wave `{wave_id}`; list them with `nightlab waves`")
+        return _to_wave(rows[0])
+
+    def waves(self) -> list[Wave]:
+        return [_to_wave(r) for r in self._query("SELECT * FROM waves ORDER BY seq")]
+
+    def workers(self) -> list[Worker]:
+        return [_to_worker(r) for r in self._query("SELECT * FROM workers ORDER BY name")]
+
+    def controller(self) -> ControllerRecord | None:
+        rows = self._query("SELECT * FROM controller WHERE id = 1")
+        return _to_controller(rows[0]) if rows else None
+
+    def events(
+        self,
+        *,
+        experiment_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+        kinds: Iterable[str] | None = None,
+    ) -> list[Event]:
+        sql, args = "SELECT * FROM events WHERE id > ?", [after]
+        if experiment_id is not None:
+            sql += " AND experiment_id = ?"
+            args.append(experiment_id)
+        if kinds is not None:
+            kind_list = list(kinds)
+            sql += f" AND kind IN ({','.join('?' * len(kind_list))})"
+            args += kind_list
+        rows = self._query(sql + " ORDER BY id LIMIT ?", [*args, limit])
+        return [_to_event(r) for r in rows]

@@ -1,0 +1,269 @@
+"""The ledger's rows as frozen dataclasses, and the one decoder per table from `sqlite3.Row`.
+
+Every object a ledger returns is one of these: a snapshot that never changes under its caller.
+`ExperimentStatus` is an `IntEnum` (stored as its integer), never a string.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ExperimentStatus(enum.IntEnum):
+    """Where an experiment is in its life. Only FINISHED and CANCELLED are final."""
+
+    QUEUED = 0
+    RUNNING = 1
+    FINISHED = 2
+    CANCELLED = 3
+
+    def is_finished(self) -> bool:
+        return self in (ExperimentStatus.FINISHED, ExperimentStatus.CANCELLED)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class _AsDict:
+    """`to_dict()` for the frozen rows: every field, as plain data for `--json`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Experiment(_AsDict):
+    id: str
+    seq: int
+    snapshot: str
+    tree: str
+    parent: str | None
+    description: str
+    tier: str
+    seed: int
+    wave: str | None
+    priority: int
+    params: dict[str, str]
+    source: str
+    status: ExperimentStatus
+    outcome: str | None
+    detail: str | None
+    verdict: str | None
+    attempts: int
+    cancel_requested: bool
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    adopted_at: float | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    health: dict[str, Any] | None = None  # `fleet.health.Health.to_dict()` of the final attempt
+    judged: dict[str, Any] | None = None  # what the verdict was judged against (see `set_verdict`)
+    epoch: str = ""  # key of the measurement setup it ran under (`nightlab.identity.epoch_key`)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ExperimentStatus.FINISHED and self.outcome == "ok"
+
+    @property
+    def degraded(self) -> bool:
+        """Finished with a summary, but its machine starved or throttled it: never judged."""
+        return self.status == ExperimentStatus.FINISHED and self.outcome == "degraded"
+
+    def metric(self, key: str) -> float | None:
+        value = self.metrics.get(key)
+        return value if isinstance(value, float) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["status"] = self.status.label
+        return d
+
+    def brief(self, metric: str) -> dict[str, Any]:
+        """The fields a listing of runs shows, with `metric` for an ok run (None otherwise)."""
+        return {
+            "id": self.id,
+            "status": self.status.label,
+            "outcome": self.outcome,
+            "verdict": self.verdict,
+            "tier": self.tier,
+            "seed": self.seed,
+            "source": self.source,
+            "params": self.params,
+            "description": self.description,
+            metric: self.metric(metric) if self.ok else None,
+            "degraded": (self.health or {}).get("reason") if self.degraded else None,
+        }
+
+
+@dataclass(frozen=True)
+class Attempt(_AsDict):
+    id: int
+    experiment_id: str
+    number: int
+    worker: str
+    started_at: float
+    heartbeat_at: float
+    ended_at: float | None
+    exit_code: int | None
+    failure: str | None
+    detail: str | None
+    log_path: str | None
+    handle: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Wave(_AsDict):
+    id: str
+    seq: int
+    design: str
+    description: str
+    spec: dict[str, Any]
+    tier: str | None
+    base_snapshot: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Worker(_AsDict):
+    name: str
+    tier: str
+    backend: str
+    state: str
+    experiment_id: str | None
+    info: dict[str, Any]
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class ControllerRecord:
+    pid: int
+    host: str
+    started_at: float
+    heartbeat_at: float
+    stop_requested: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    ts: float
+    kind: str
+    experiment_id: str | None
+    worker: str | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NewExperiment:
+    """What `Ledger.add_experiments` needs to queue one experiment."""
+
+    snapshot: str
+    tree: str
+    parent: str | None
+    description: str
+    tier: str
+    seed: int
+    wave: str | None = None
+    priority: int = 0
+    params: dict[str, str] = field(default_factory=dict)
+    source: str = "cli"
+    epoch: str = ""
+
+
+def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> Experiment:
+    return Experiment(
+        id=row["id"],
+        seq=row["seq"],
+        snapshot=row["snapshot"],
+        tree=row["tree"],
+        parent=row["parent"],
+        description=row["description"],
+        tier=row["tier"],
+        seed=row["seed"],
+        wave=row["wave"],
+        priority=row["priority"],
+        params=json.loads(row["params"]),
+        source=row["source"],
+        status=ExperimentStatus(row["status"]),
+        outcome=row["outcome"],
+        detail=row["detail"],
+        verdict=row["verdict"],
+        attempts=row["attempts"],
+        cancel_requested=bool(row["cancel_requested"]),
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        adopted_at=row["adopted_at"],
+        metrics=metrics or {},
+        health=json.loads(row["health"]) if row["health"] else None,
+        judged=json.loads(row["judged"]) if row["judged"] else None,
+        epoch=row["epoch"],
+    )
+
+
+def _to_attempt(row: sqlite3.Row) -> Attempt:
+    return Attempt(
+        id=row["id"],
+        experiment_id=row["experiment_id"],
+        number=row["number"],
+        worker=row["worker"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        ended_at=row["ended_at"],
+        exit_code=row["exit_code"],
+        failure=row["failure"],
+        detail=row["detail"],
+        log_path=row["log_path"],
+        handle=json.loads(row["handle"] or "{}"),
+    )
+
+
+def _to_wave(row: sqlite3.Row) -> Wave:
+    return Wave(
+        id=row["id"],
+        seq=row["seq"],
+        design=row["design"],
+        description=row["description"],
+        spec=json.loads(row["spec"]),
+        tier=row["tier"],
+        base_snapshot=row["base_snapshot"],
+        created_at=row["created_at"],
+    )
+
+
+def _to_worker(row: sqlite3.Row) -> Worker:
+    return Worker(
+        name=row["name"],
+        tier=row["tier"],
+        backend=row["backend"],
+        state=row["state"],
+        experiment_id=row["experiment_id"],
+        info=json.loads(row["info"]),
+        updated_at=row["updated_at"],
+    )
+
+
+def _to_controller(row: sqlite3.Row) -> ControllerRecord:
+    return ControllerRecord(
+        pid=row["pid"],
+        host=row["host"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        stop_requested=bool(row["stop_requested"]),
+    )
+
+
+def _to_event(row: sqlite3.Row) -> Event:
+    return Event(
+        id=row["id"],
+        ts=row["ts"],
+        kind=row["kind"],
+        experiment_id=row["experiment_id"],
+        worker=row["worker"],
+        data=json.loads(row["data"]),
+    )

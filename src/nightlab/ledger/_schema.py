@@ -1,0 +1,111 @@
+"""The ledger's schema: the version this nightlab reads and the migrations that reach it.
+
+A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATIONS[v:]` at open
+(after a pre-migration backup, `nightlab.backup`). Tests read both names from this module.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 2
+
+# Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
+# append a new one and a test that upgrades a committed ledger of the old version.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE waves (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        design TEXT NOT NULL,
+        description TEXT NOT NULL DEFAULT '',
+        spec TEXT NOT NULL DEFAULT '{}',
+        tier TEXT,
+        base_snapshot TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE experiments (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        snapshot TEXT NOT NULL,
+        tree TEXT NOT NULL,
+        parent TEXT,
+        description TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        wave TEXT REFERENCES waves(id),
+        priority INTEGER NOT NULL DEFAULT 0,
+        params TEXT NOT NULL DEFAULT '{}',
+        source TEXT NOT NULL DEFAULT 'cli',
+        status INTEGER NOT NULL,
+        outcome TEXT,
+        detail TEXT,
+        verdict TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        submitted_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        adopted_at REAL
+    );
+    CREATE INDEX experiments_queue ON experiments(status, tier, priority, seq);
+    CREATE INDEX experiments_tree ON experiments(tree, tier, seed);
+    CREATE INDEX experiments_wave ON experiments(wave);
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        experiment_id TEXT NOT NULL REFERENCES experiments(id),
+        number INTEGER NOT NULL,
+        worker TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        heartbeat_at REAL NOT NULL,
+        ended_at REAL,
+        exit_code INTEGER,
+        failure TEXT,
+        detail TEXT,
+        log_path TEXT,
+        handle TEXT
+    );
+    CREATE INDEX attempts_experiment ON attempts(experiment_id);
+    CREATE INDEX attempts_open ON attempts(ended_at);
+    CREATE TABLE metrics (
+        experiment_id TEXT NOT NULL REFERENCES experiments(id),
+        key TEXT NOT NULL,
+        value REAL,
+        text TEXT,
+        PRIMARY KEY (experiment_id, key)
+    );
+    CREATE TABLE workers (
+        name TEXT PRIMARY KEY,
+        tier TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        state TEXT NOT NULL,
+        experiment_id TEXT,
+        info TEXT NOT NULL DEFAULT '{}',
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE controller (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        pid INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        heartbeat_at REAL NOT NULL,
+        stop_requested INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        experiment_id TEXT,
+        worker TEXT,
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_experiment ON events(experiment_id);
+    """,
+    # v2 (issue 21): the machine health of a run (JSON, `fleet.health.Health`), what its
+    # verdict was judged against (JSON: incumbent snapshot, figure, n) and its comparison
+    # epoch (the key of the measurement setup: budget, profile, metric, timeout)
+    """
+    ALTER TABLE experiments ADD COLUMN health TEXT;
+    ALTER TABLE experiments ADD COLUMN judged TEXT;
+    ALTER TABLE experiments ADD COLUMN epoch TEXT NOT NULL DEFAULT '';
+    """,
+]
