@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 from nightlab.config import load_config
-from nightlab.fleet import skypilot
 from nightlab.fleet.controller import Controller
 from nightlab.fleet.costs import worker_costs
-from nightlab.fleet.skypilot import SkyPilotBackend, fleet_up, skypilot_slots
+from nightlab.fleet.skypilot import SkyPilotBackend, core, fleet_up, skypilot_slots
 from nightlab.lab import InitOptions, Lab, init_lab
 from nightlab.ledger import ExperimentStatus, open_ledger
 from nightlab.testing.fake_sky import FakeSky
@@ -96,7 +95,7 @@ def run_fleet(
         lab = make_lab(root, scale=scale, startup=startup, h100=h100, h200=h200)
         fake = FakeSky(root / "clusters", scale=scale, exec_seconds=exec_seconds)
         # the backend's own waits are compressed like the fake's latencies
-        skypilot.STATUS_INTERVAL, skypilot.RETRY_DELAY = STATUS_INTERVAL * scale, 2.0 * scale
+        core.STATUS_INTERVAL, core.RETRY_DELAY = STATUS_INTERVAL * scale, 2.0 * scale
         # ---------------------------------------------------------------- fleet up
         t0 = time.time()
         clusters = fleet_up(lab, sdk=fake)

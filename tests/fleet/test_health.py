@@ -17,11 +17,11 @@ import time
 import pytest
 
 from nightlab.fleet.backend import WorkerSlot
+from nightlab.fleet.capacity import capacity_problem
 from nightlab.fleet.health import (
     MIN_WAITED_SECONDS,
     CpuSampler,
     Health,
-    capacity_problem,
     gpu_health,
     judge,
     parse_nvidia_smi,

@@ -21,6 +21,7 @@ from labkit import wait_until  # noqa: E402
 from nightlab.config import load_config  # noqa: E402
 from nightlab.fleet import skypilot  # noqa: E402
 from nightlab.fleet.backend import RunSpec  # noqa: E402
+from nightlab.fleet.skypilot import core as sky_core  # noqa: E402
 from nightlab.lab import Lab  # noqa: E402
 from nightlab.ledger import ExperimentStatus, open_ledger  # noqa: E402
 from nightlab.testing.fake_sky import FakeSky  # noqa: E402
@@ -47,9 +48,9 @@ autostop = 30
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(skypilot, "STATUS_INTERVAL", 0.02)
-    monkeypatch.setattr(skypilot, "RETRY_DELAY", 0.01)
-    monkeypatch.setattr(skypilot, "RELAUNCH_BACKOFF", 0.2)
+    monkeypatch.setattr(sky_core, "STATUS_INTERVAL", 0.02)
+    monkeypatch.setattr(sky_core, "RETRY_DELAY", 0.01)
+    monkeypatch.setattr(sky_core, "RELAUNCH_BACKOFF", 0.2)
 
 
 @pytest.fixture
@@ -214,8 +215,21 @@ def test_launch_and_exec_get_real_tasks(sky_lab, fake):
 # ---------------------------------------------------------------------------- failure mappings
 
 
+_LEDGERS: list = []  # the ledgers handed to backends built by `_backend` (closed after each test)
+
+
+@pytest.fixture(autouse=True)
+def _close_ledgers():
+    yield
+    while _LEDGERS:
+        _LEDGERS.pop().close()
+
+
 def _backend(lab: Path, fake: FakeSky, **kwargs) -> skypilot.SkyPilotBackend:
-    return skypilot.SkyPilotBackend(load_config(lab / "nightlab.toml"), lab_dir=lab, sdk=fake, **kwargs)
+    """A backend driven by the test's thread, recording its cluster events in the lab's ledger."""
+    _LEDGERS.append(open_ledger(lab))
+    config = load_config(lab / "nightlab.toml")
+    return skypilot.SkyPilotBackend(config, lab_dir=lab, ledger=_LEDGERS[-1], sdk=fake, **kwargs)
 
 
 def _spec(lab: Path, eid: str, timeout: float = 30) -> RunSpec:
@@ -251,7 +265,7 @@ def test_setup_failure_takes_the_worker_out_and_charges_no_experiment(sky_lab, f
     lab = sky_lab()
     backend = _backend(lab, fake)
     slot = _slot(backend, "h100-k8s-0")
-    fake.fail_setup(backend._cluster(slot.name).name)
+    fake.fail_setup(backend.cluster(slot.name).name)
     states = {c["worker"]: c for c in backend.up()}
     assert states["h100-k8s-0"]["state"] == "failed"
     assert "set-up failed" in states["h100-k8s-0"]["detail"]
@@ -312,12 +326,12 @@ def test_timeout_cancels_the_job(sky_lab, fake):
     eid = submit(lab, "hang", "h100", MODE='"hang"')
     spec = _spec(lab, eid)
     handle = backend.launch(slot, spec)
-    wait_until(lambda: backend._runs[f"{eid}/1"].state == "running", timeout=10)
+    wait_until(lambda: backend.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
     backend.kill(slot, spec, handle)  # what the controller does at the deadline
     ended = _wait_exit(backend, slot, spec, handle)
     assert ended.exit_code is None and not ended.lost
     (cancel,) = [c for c in fake.calls if c[0] == "cancel"]
-    assert cancel[1][1] == [backend._runs[f"{eid}/1"].job_id]
+    assert cancel[1][1] == [backend.jobs.runs[f"{eid}/1"].job_id]
     backend.close()
 
 
@@ -345,7 +359,7 @@ def test_no_capacity_is_retried_after_a_backoff(sky_lab, fake):
     lab = sky_lab()
     backend = _backend(lab, fake)
     slot = _slot(backend, "h100-k8s-0")
-    fake.no_capacity(backend._cluster(slot.name).name)
+    fake.no_capacity(backend.cluster(slot.name).name)
     assert not backend.available(slot)
     wait_until(lambda: backend.available(slot), timeout=10)
     (failed,) = events(lab, "cluster-failed")
@@ -368,7 +382,9 @@ def test_a_restarted_controller_reattaches_by_saved_job_id(sky_lab, fake):
     second = _backend(lab, fake)
     ended = _wait_exit(second, slot, spec, handle)
     assert ended.exit_code == 0
-    assert json.loads((spec.run_dir / "sky.json").read_text())["job_id"] == second._runs[f"{eid}/1"].job_id
+    assert (
+        json.loads((spec.run_dir / "sky.json").read_text())["job_id"] == second.jobs.runs[f"{eid}/1"].job_id
+    )
     second.close()
 
 
@@ -377,7 +393,7 @@ def test_idle_clusters_stop_themselves_and_relaunch_on_demand(sky_lab, fake):
     backend = _backend(lab, fake)
     backend.up()
     slot = _slot(backend, "h200-sky-0")
-    name = backend._cluster(slot.name).name
+    name = backend.cluster(slot.name).name
 
     # autostop = 30 minutes for this pool: 1.8 s at this scale
     def stopped():
@@ -529,12 +545,12 @@ def test_a_restarted_controller_finds_a_job_by_name_and_can_kill_it(sky_lab, fak
     eid = submit(lab, "hangs", "h200", MODE='"hang"')
     spec = _spec(lab, eid)
     handle = first.launch(slot, spec)
-    wait_until(lambda: first._runs[f"{eid}/1"].state == "running", timeout=10)
+    wait_until(lambda: first.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
     first.close()
     (spec.run_dir / "sky.json").unlink()  # died between `sky exec` and learning the job id
     second = _backend(lab, fake)
     assert second.poll(slot, spec, handle) is None
-    wait_until(lambda: second._runs[f"{eid}/1"].job_id is not None, timeout=10)
+    wait_until(lambda: second.jobs.runs[f"{eid}/1"].job_id is not None, timeout=10)
     second.kill(slot, spec, handle)
     ended = _wait_exit(second, slot, spec, handle)
     assert ended.exit_code is None and not ended.lost
@@ -552,7 +568,7 @@ def test_a_broken_worker_yaml_fails_the_launch_without_retries(sky_lab, fake):
     wait_until(lambda: backend.available(slot) or events(lab, "cluster-failed"), timeout=10)
     (failed,) = events(lab, "cluster-failed")
     assert "is not valid YAML" in failed.data["detail"] and failed.data["provisioned"] is False
-    assert backend._cluster(slot.name).retry_at == float("inf") and fake.count("launch") == 0
+    assert backend.cluster(slot.name).retry_at == float("inf") and fake.count("launch") == 0
     backend.close()
 
 
@@ -629,7 +645,7 @@ def test_an_api_server_hiccup_does_not_lose_the_run(sky_lab, fake, monkeypatch):
     assert ended.exit_code == 0 and "val_bpb" in spec.log_path.read_text()
     assert fake.count("job_status") >= 5 + 1
     # past the patience, the run is given up as infra
-    monkeypatch.setattr(skypilot, "STATUS_PATIENCE", 0.0)
+    monkeypatch.setattr(sky_core, "STATUS_PATIENCE", 0.0)
     eid2 = submit(lab, "server gone", "h200", LR="0.03")
     spec2 = _spec(lab, eid2)
     fake.fail_logs(1)
@@ -669,3 +685,29 @@ def test_the_conformance_suite_on_the_fake(sky_lab, fake):
 
     lab = sky_lab()
     assert Suite(lab, sdk=fake, patience=30).run_all(["h100-k8s-0", "h100-k8s-1"]) == EXPECTED
+
+
+def test_the_backend_records_cluster_events_only_through_the_ledger_it_is_handed(sky_lab, fake, monkeypatch):
+    """Issue 12: the backend opens no ledger of its own; its threads' events reach the handed one."""
+    from nightlab.ledger import Ledger
+
+    lab = sky_lab()
+    eid = submit(lab, "one run", "h200")
+    spec = _spec(lab, eid)
+    backend = _backend(lab, fake)
+    opened = []
+    real_init = Ledger.__init__
+
+    def counting_init(self, *args, **kwargs):
+        opened.append(threading.current_thread().name)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "__init__", counting_init)
+    slot = _slot(backend, "h200-sky-0")
+    wait_until(lambda: backend.available(slot), timeout=20)  # checks, launches, sets up on threads
+    assert _launch_and_wait(backend, slot, spec).exit_code == 0
+    backend.close()
+    assert opened == []
+    monkeypatch.setattr(Ledger, "__init__", real_init)
+    assert [e.worker for e in events(lab, "cluster-launch")] == ["h200-sky-0"]
+    assert [e.worker for e in events(lab, "cluster-up")] == ["h200-sky-0"]

@@ -78,6 +78,9 @@ class BaseBackend(abc.ABC):
         """Whether the slot can take a new run now (a relaunching cluster cannot). Must not block."""
         return True
 
+    def use_ledger(self, ledger: Any) -> None:
+        """Where to record the backend's own events (the controller's ledger, used on its thread only)."""
+
     def cleanup(self, spec: RunSpec) -> None:
         """Free what the attempt left behind once it has been recorded."""
 

@@ -29,8 +29,9 @@ from nightlab.config import LabConfig
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.health import HealthWatch
-from nightlab.fleet.local import LocalBackend, local_slots
-from nightlab.fleet.runner import classify, read_tail, trim_log
+from nightlab.fleet.local import LocalBackend
+from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
+from nightlab.fleet.slots import build_slots
 from nightlab.integrity import free_bytes
 from nightlab.ledger import Attempt, Ledger
 
@@ -50,50 +51,6 @@ class _Active:
     deadline: float
     killed: str | None = None  # "timeout" | "cancelled" | "stopped"
     killed_at: float = 0.0
-
-
-def expected_fingerprint(config: LabConfig) -> str | None:
-    """The data fingerprint every result of this lab must carry (built-in target only)."""
-    if not config.profile:
-        return None
-    from nightlab.harness.profiles import Profile, fingerprint
-
-    return fingerprint(Profile.from_dict(config.profile))
-
-
-def max_training_seconds(config: LabConfig) -> float | None:
-    """The most training time a run of this lab may report.
-
-    The template stops at the first step that ends past the budget, so honest runs
-    overshoot by one step: allow 10 % or 5 s, whichever is more.
-    """
-    if not config.profile:
-        return None
-    from nightlab.harness.profiles import Profile
-
-    budget = Profile.from_dict(config.profile).budget_seconds
-    return budget + max(0.1 * budget, 5.0)
-
-
-def build_slots(
-    config: LabConfig, *, cpu_slots: int | None = None, lab_dir: Path | None = None
-) -> tuple[list[WorkerSlot], dict[str, BaseBackend]]:
-    """The worker slots of every pool in the config, and one backend object per kind."""
-    slots: list[WorkerSlot] = []
-    backends: dict[str, BaseBackend] = {}
-    for pool in config.fleet.pools:
-        if pool.backend == "local":
-            backends.setdefault("local", LocalBackend())
-            slots += local_slots(pool, cpu_slots=cpu_slots)
-        elif pool.backend == "skypilot":
-            from nightlab.fleet.skypilot import SkyPilotBackend, skypilot_slots
-
-            if "skypilot" not in backends:
-                backends["skypilot"] = SkyPilotBackend(config, lab_dir=lab_dir)
-            slots += skypilot_slots(pool)
-        else:  # config.py already refuses other names
-            raise NightlabError(f"unknown backend `{pool.backend}`")
-    return slots, backends
 
 
 def _disk_full(run_dir: Path, tail: str) -> bool:
@@ -133,6 +90,8 @@ class Controller:
         self.ledger = ledger
         self.slots = slots
         self.backends = backends
+        for backend in backends.values():
+            backend.use_ledger(ledger)  # a backend never opens a ledger of its own
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self.active: dict[str, _Active] = {}
@@ -232,7 +191,7 @@ class Controller:
             return
         self._config_blob = blob
         from nightlab.config import load_lab_config
-        from nightlab.fleet.health import check_capacity
+        from nightlab.fleet.capacity import check_capacity
 
         try:
             config = load_lab_config(self.lab_dir).config
@@ -246,6 +205,7 @@ class Controller:
             if kind in self.backends:
                 backend.close()
             else:
+                backend.use_ledger(self.ledger)
                 self.backends[kind] = backend
         self.config, self.slots = config, slots
         self._fingerprint = expected_fingerprint(config)

@@ -154,6 +154,29 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def expected_fingerprint(config: Any) -> str | None:
+    """The data fingerprint every result of this lab must carry (built-in target only)."""
+    if not config.profile:
+        return None
+    from nightlab.harness.profiles import Profile, fingerprint
+
+    return fingerprint(Profile.from_dict(config.profile))
+
+
+def max_training_seconds(config: Any) -> float | None:
+    """The most training time a run of this lab may report.
+
+    The template stops at the first step that ends past the budget, so honest runs
+    overshoot by one step: allow 10 % or 5 s, whichever is more.
+    """
+    if not config.profile:
+        return None
+    from nightlab.harness.profiles import Profile
+
+    budget = Profile.from_dict(config.profile).budget_seconds
+    return budget + max(0.1 * budget, 5.0)
+
+
 def classify(
     exit_code: int | None,
     log_text: str,

@@ -24,6 +24,11 @@ Usage::
     fake = FakeSky(root=tmp_path / "clusters", scale=0.001)
     fake.install(monkeypatch)          # sky.launch etc. now reach the fake
     backend = SkyPilotBackend(config, lab_dir=lab, sdk=fake)   # or inject it directly
+
+Why one module of ~570 lines: it is one fake of one SDK. Every SDK call and the simulated
+clusters, job queues and faults it acts on share one lock and one set of dicts; split
+apart, the simulation would need an interface of its own that nothing else uses, and
+`nightlab.testing.skypilot_conformance` checks this file against the real SDK as a whole.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class Suite:
 
     def _running(self, backend: SkyPilotBackend, spec: RunSpec) -> None:
         key = f"{spec.experiment_id}/{spec.attempt}"
-        _wait(lambda: backend._runs[key].state == "running", self.patience, f"`{key}` not running")
+        _wait(lambda: backend.jobs.runs[key].state == "running", self.patience, f"`{key}` not running")
 
     # ------------------------------------------------------------------ scenarios
 
@@ -202,7 +202,7 @@ class Suite:
             second.poll(slot, spec, handle)
             key = f"{spec.experiment_id}/{spec.attempt}"
             found = _wait(
-                lambda: second._runs[key].job_id is not None or second._runs[key].ended,
+                lambda: second.jobs.runs[key].job_id is not None or second.jobs.runs[key].ended,
                 self.patience,
                 "not found",
             )

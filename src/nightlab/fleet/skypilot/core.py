@@ -1,0 +1,228 @@
+"""What every part of the SkyPilot backend shares: names, tunables, SDK helpers, threads, events.
+
+`Shared` is the state the cluster half (`clusters.py`) and the job half (`jobs.py`) both
+touch: the SDK, one lock, the stop flag, the thread spawner, and the queue of cluster
+events. Those events are recorded in the ledger the backend was handed
+(`SkyPilotBackend(ledger=...)` or `use_ledger`), and only on the thread that owns that
+ledger: a `Ledger` belongs to one thread (its contract), while cluster launches and job
+monitors run on threads of their own. So threads queue events and the owner's calls into
+the backend (`available`, `launch`, `poll`, `kill`, `close`, `fleet up/down`) write them.
+Without a ledger (a backend driven directly, as in the conformance suite) events are
+only logged.
+
+The tunables are module constants so a test or benchmark can rescale them
+(`monkeypatch.setattr(core, "STATUS_INTERVAL", 0.02)`); the backend reads them when built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nightlab.config import PoolConfig
+from nightlab.errors import NightlabError
+from nightlab.fleet.backend import RunSpec, WorkerSlot
+from nightlab.fleet.sky_task import check_pool
+
+if TYPE_CHECKING:
+    from nightlab.ledger import Ledger
+
+log = logging.getLogger("nightlab.skypilot")
+
+STATUS_INTERVAL = 5.0  # seconds between job-status polls; a 5-minute run loses at most this much
+LOG_RETRIES = 3  # tries to read a finished job's log before the attempt becomes `infra`
+STATUS_PATIENCE = 600.0  # seconds of unreadable job status (API server down) before giving a run up
+RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
+RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
+DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
+CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
+TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
+EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
+_GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
+CLUSTER_EVENT_PREFIX = "cluster-"
+
+
+# ---------------------------------------------------------------------------- names
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+def lab_hash(lab_dir: Path) -> str:
+    """Six hex digits naming the lab on the SkyPilot API server (clusters of two labs never clash)."""
+    return hashlib.sha1(str(lab_dir.resolve()).encode()).hexdigest()[:6]
+
+
+def cluster_name(lab_dir: Path, worker: str) -> str:
+    """The SkyPilot cluster of one worker of the lab: `nl-<lab hash>-<worker>`."""
+    return f"nl-{lab_hash(lab_dir)}-{_slug(worker)}"
+
+
+def autostop_minutes(pool: PoolConfig) -> int | None:
+    """Idle minutes before the pool's clusters stop themselves; None where SkyPilot cannot autostop.
+
+    SkyPilot 0.14 refuses autostop on Slurm except for container clusters (Pyxis): a Slurm
+    allocation ends at its time limit instead (`slurm.sbatch_options.time`, docs/skypilot.md).
+    """
+    if "autostop" in pool.options:
+        return int(pool.options["autostop"])
+    infra = str(pool.options.get("infra", ""))
+    return None if infra.startswith("slurm") else DEFAULT_AUTOSTOP
+
+
+def pipelined(pool: PoolConfig) -> bool:
+    """Whether the pool's workers hold their next experiment in the cluster's job queue (default yes).
+
+    `sky exec` takes 10-13 s (idle API server) to ~80 s (loaded) before a job runs; queued
+    behind the running job, the next one starts the moment it ends (bench/RESULTS.md).
+    """
+    return bool(pool.options.get("pipeline", True))
+
+
+def skypilot_slots(pool: PoolConfig) -> list[WorkerSlot]:
+    """One worker slot per cluster of a skypilot pool (`workers = N`)."""
+    check_pool(pool)
+    infra = pool.options.get("infra")
+    where = _slug(str(infra).split("/")[0]) if infra else "sky"
+    info = {k: pool.options[k] for k in ("accelerators", "infra", "use_spot") if k in pool.options}
+    return [
+        WorkerSlot(name=f"{pool.tier}-{where}-{i}", tier=pool.tier, backend="skypilot", info=dict(info))
+        for i in range(pool.slots)
+    ]
+
+
+def run_key(spec: RunSpec) -> str:
+    return f"{spec.experiment_id}/{spec.attempt}"
+
+
+# ---------------------------------------------------------------------------- SDK responses
+
+
+def status_name(status: Any) -> str | None:
+    return None if status is None else str(getattr(status, "value", status))
+
+
+def is_gone(error: BaseException) -> bool:
+    """Whether an SDK error says the cluster is not there (down, preempted, never launched)."""
+    return type(error).__name__ in _GONE
+
+
+def field_of(record: Any, name: str) -> Any:
+    """A field of an SDK response, which is a pydantic model or (older servers) a dict."""
+    if isinstance(record, dict):
+        return record.get(name)
+    return getattr(record, name, None)
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# ---------------------------------------------------------------------------- shared state
+
+
+class Shared:
+    """The SDK, lock, stop flag, threads and event queue the cluster and job halves share."""
+
+    def __init__(
+        self,
+        sdk: Any,
+        *,
+        lab_dir: Path | None,
+        status_interval: float,
+        log_retries: int,
+        retry_delay: float,
+    ) -> None:
+        self.sdk = sdk
+        self.lab_dir = lab_dir
+        self.status_interval = status_interval
+        self.log_retries = log_retries
+        self.retry_delay = retry_delay
+        self.lock = threading.RLock()
+        self.stop = threading.Event()
+        self.ledger: Ledger | None = None
+        self._pending: list[tuple[str, str, dict[str, Any]]] = []
+        # the kind of each worker's latest cluster event: read once from the ledger, then kept
+        # current by `event` (this backend records every cluster event it causes)
+        self.last_cluster_event: dict[str, str] = {}
+
+    def use_ledger(self, ledger: Ledger) -> None:
+        """Record events in `ledger` from now on; call on the thread that owns it."""
+        from nightlab.fleet.costs import CLUSTER_EVENTS
+
+        self.ledger = ledger
+        try:
+            events = ledger.events(limit=1_000_000, kinds=CLUSTER_EVENTS)
+        except NightlabError as e:
+            log.warning("could not read cluster events: %s", e)
+            return
+        recorded = {e.worker: e.kind for e in events if e.worker}
+        with self.lock:  # what this backend queued meanwhile is newer
+            self.last_cluster_event = {**recorded, **self.last_cluster_event}
+
+    def event(self, kind: str, worker: str, data: dict[str, Any]) -> None:
+        """Queue a ledger event (any thread); the owner's next call into the backend writes it."""
+        with self.lock:
+            self._pending.append((kind, worker, data))
+            if kind.startswith(CLUSTER_EVENT_PREFIX):
+                self.last_cluster_event[worker] = kind
+
+    def flush(self) -> None:
+        """Write the queued events to the ledger; only on the ledger's own thread."""
+        with self.lock:
+            if self.ledger is None or not self._pending:
+                return
+            pending, self._pending = self._pending, []
+        try:
+            for kind, worker, data in pending:
+                self.ledger.log_event(kind, None, worker=worker, **data)
+        except NightlabError as e:
+            log.warning("could not record cluster events: %s", e)
+
+    # ------------------------------------------------------------------ threads
+
+    def thread(self, target: Any, *args: Any) -> threading.Thread:
+        # daemon threads: a launch blocked for minutes must not keep the controller from exiting
+        thread = threading.Thread(target=self._guarded, args=(target, *args), daemon=True)
+        thread.start()
+        return thread
+
+    def _guarded(self, target: Any, *args: Any) -> None:
+        try:
+            target(*args)
+        except Exception:
+            log.exception("SkyPilot backend thread %s failed", getattr(target, "__name__", target))
+
+    # ------------------------------------------------------------------ SDK helpers
+
+    def wait_job(self, cluster: str, job_id: int) -> str | None:
+        """Poll a job until it ends; its final status (None: unknown, or the backend stopped)."""
+        while not self.stop.is_set():
+            status = status_name(self.sdk.get(self.sdk.job_status(cluster, [job_id])).get(job_id))
+            if status is None or status in TERMINAL:
+                return status
+            self.stop.wait(self.status_interval)
+        return None
+
+    def tail(self, cluster: str, job_id: int, make_out: Any) -> Any:
+        """A finished job's whole log into a fresh `make_out()` per try, retried with backoff.
+
+        Returns:
+            The output object that received the log; the last error is raised.
+        """
+        for i in range(self.log_retries):
+            out = make_out()
+            try:
+                self.sdk.tail_logs(cluster, job_id, follow=False, output_stream=out)
+                return out
+            except Exception as e:
+                if is_gone(e) or i == self.log_retries - 1:
+                    raise
+                self.stop.wait(self.retry_delay * 2**i)
+        raise AssertionError("unreachable")

@@ -1,0 +1,344 @@
+"""The job half of the SkyPilot backend: one state machine per attempt, and the monitor thread.
+
+States of a run: `waiting` (for its cluster to be up) -> `running` (a SkyPilot job exists:
+its id is saved in `run_dir/sky.json`, a thread streams its log) -> `fetching` (the job
+ended: its whole log is read again) -> `done` (`ended` holds the `RunExit`). A thread per
+job follows its log (`sky.tail_logs(follow=True)`), which returns the moment the job ends;
+one monitor thread polls `sky.job_status` of every running job, which catches preemptions
+and broken streams, and then reads the log with retries. A controller that restarts finds
+its jobs again by the saved id, or by job name when the exec was in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nightlab.fleet.backend import RunExit, RunSpec
+from nightlab.fleet.runner import read_tail
+from nightlab.fleet.sky_task import JobLogSink, job_name, run_keys
+from nightlab.fleet.skypilot import core
+from nightlab.fleet.skypilot.clusters import Cluster, Clusters
+from nightlab.fleet.skypilot.core import (
+    EXIT_STATUS,
+    TERMINAL,
+    Shared,
+    field_of,
+    is_gone,
+    log,
+    one_line,
+    run_key,
+    status_name,
+)
+
+
+@dataclass
+class Run:
+    """One attempt on one cluster, as this backend sees it (module docstring)."""
+
+    key: str
+    spec: RunSpec
+    cluster: Cluster
+    job_id: int | None = None
+    state: str = "waiting"  # waiting | running | fetching | done
+    ended: RunExit | None = None
+    kill_requested: bool = False
+    unreadable_since: float | None = None  # when its job status last became unreadable
+
+
+class Jobs:
+    """The attempts of one backend: submitting, following, cancelling and re-attaching them."""
+
+    def __init__(self, shared: Shared, clusters: Clusters) -> None:
+        self.shared = shared
+        self.clusters = clusters
+        self.runs: dict[str, Run] = {}
+        self._monitor: threading.Thread | None = None
+
+    def get(self, spec: RunSpec) -> Run | None:
+        with self.shared.lock:
+            return self.runs.get(run_key(spec))
+
+    def add(self, spec: RunSpec, cluster: Cluster) -> Run:
+        run = Run(run_key(spec), spec, cluster)
+        with self.shared.lock:
+            self.runs[run.key] = run
+        return run
+
+    def forget(self, spec: RunSpec) -> None:
+        with self.shared.lock:
+            self.runs.pop(run_key(spec), None)
+
+    def request_kill(self, run: Run) -> threading.Thread | None:
+        """Mark the run killed; returns the cancel's thread when its job already exists."""
+        with self.shared.lock:
+            if run.kill_requested or run.ended is not None:
+                return None
+            run.kill_requested = True
+            job_id = run.job_id
+        with run.cluster.changed:
+            run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
+        return self.shared.thread(self.cancel, run) if job_id is not None else None
+
+    # ------------------------------------------------------------------ submitting
+
+    def submit(self, run: Run, task: Any) -> None:
+        """Wait for the cluster, `sky.exec` the task, and follow the job (a thread's body)."""
+        cluster, sdk = run.cluster, self.shared.sdk
+        for _ in range(2):  # a cluster found stopped (autostop) at exec time is relaunched once
+            if not self._wait_up(run):
+                return
+            try:
+                request = sdk.exec(task, cluster_name=cluster.name)
+                self._save(run, request_id=str(request))
+                job_id, _ = sdk.get(request)
+                break
+            except Exception as e:
+                if not is_gone(e):
+                    detail = f"sky exec on `{cluster.name}` failed: {one_line(e)}"
+                    self._end(run, RunExit(None, lost=True, detail=detail))
+                    return
+                self.clusters.down(cluster, one_line(e))
+        else:
+            self._end(run, RunExit(None, lost=True, detail=f"cluster `{cluster.name}` went down twice"))
+            return
+        self._running(run, int(job_id))
+
+    def _running(self, run: Run, job_id: int) -> None:
+        """The run's job exists: record its id, stream its log, and cancel it if a kill came first."""
+        with self.shared.lock:
+            run.job_id, run.state = job_id, "running"
+            kill = run.kill_requested
+        self._save(run, job_id=job_id)
+        self.shared.thread(self._follow, run)
+        if kill:
+            self.cancel(run)
+
+    def _wait_up(self, run: Run) -> bool:
+        """Wait until the run's cluster is up (launching it when needed); False ends the run."""
+        cluster = run.cluster
+        with cluster.changed:
+            while True:
+                with self.shared.lock:
+                    state, kill, hopeless = cluster.state, run.kill_requested, cluster.hopeless
+                if kill or self.shared.stop.is_set():
+                    self._end(run, RunExit(None, detail="stopped before it started"))
+                    return False
+                if state == "up":
+                    return True
+                if hopeless:
+                    detail = f"cluster `{cluster.name}`: {cluster.detail}"
+                    self._end(run, RunExit(None, lost=True, detail=detail))
+                    return False
+                self.clusters.ensure(cluster)
+                cluster.changed.wait(timeout=1.0)
+
+    def cancel(self, run: Run) -> None:
+        sdk = self.shared.sdk
+        try:
+            sdk.get(sdk.cancel(run.cluster.name, job_ids=[run.job_id]))
+        except Exception as e:  # the job may have ended or its cluster gone: the monitor sees it
+            log.info("cancel of job %s on %s: %s", run.job_id, run.cluster.name, e)
+
+    # ------------------------------------------------------------------ re-attaching
+
+    def reattach(self, spec: RunSpec, cluster: Cluster) -> Run:
+        """Take over an attempt an earlier controller launched."""
+        run = Run(run_key(spec), spec, cluster)
+        try:
+            saved = json.loads((spec.run_dir / "sky.json").read_text())
+        except (OSError, ValueError):
+            saved = {}
+        with self.shared.lock:
+            existing = self.runs.get(run.key)
+            if existing is not None:
+                return existing
+            self.runs[run.key] = run
+        self.start()
+        if saved.get("job_id") is not None:
+            self._running(run, int(saved["job_id"]))
+        else:
+            self.shared.thread(self._find_job, run)
+        return run
+
+    def _find_job(self, run: Run) -> None:
+        """The job id of a run whose exec was in flight when the controller died, by job name."""
+        name, sdk = job_name(run.spec), self.shared.sdk
+        try:
+            jobs = sdk.get(sdk.queue(run.cluster.name, skip_finished=False))
+        except Exception as e:
+            detail = f"cannot list jobs on `{run.cluster.name}`: {one_line(e)}"
+            self._end(run, RunExit(None, lost=True, detail=detail))
+            return
+        ids = [field_of(j, "job_id") for j in jobs if field_of(j, "job_name") == name]
+        if not ids:
+            self._end(
+                run, RunExit(None, lost=True, detail=f"no job `{name}` on cluster `{run.cluster.name}`")
+            )
+            return
+        self._running(run, int(max(ids)))
+
+    def _save(self, run: Run, **data: Any) -> None:
+        path = run.spec.run_dir / "sky.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        saved.update(data, cluster=run.cluster.name)
+        tmp = path.with_name(f".sky.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(saved))
+        os.replace(tmp, path)
+
+    def _end(self, run: Run, ended: RunExit) -> None:
+        with self.shared.lock:
+            if run.ended is None:
+                run.ended, run.state = ended, "done"
+
+    # ------------------------------------------------------------------ monitoring
+
+    def start(self) -> None:
+        """Start the monitor thread (once)."""
+        with self.shared.lock:
+            if self._monitor is None:
+                self._monitor = threading.Thread(target=self._monitor_loop, name="sky-monitor", daemon=True)
+                self._monitor.start()
+
+    def _monitor_loop(self) -> None:
+        while not self.shared.stop.wait(self.shared.status_interval):
+            try:
+                self._check_jobs()
+            except Exception:
+                log.exception("SkyPilot monitor turn failed")
+
+    def _check_jobs(self) -> None:
+        sdk = self.shared.sdk
+        with self.shared.lock:
+            by_cluster: dict[str, list[Run]] = {}
+            for run in self.runs.values():
+                if run.state == "running":
+                    by_cluster.setdefault(run.cluster.name, []).append(run)
+        requests = {}
+        for name, runs in by_cluster.items():
+            try:
+                requests[name] = sdk.job_status(name, [r.job_id for r in runs])
+            except Exception as e:
+                self._status_failed(runs, e)
+        for name, request in requests.items():
+            runs = by_cluster[name]
+            try:
+                statuses = sdk.get(request)
+            except Exception as e:
+                self._status_failed(runs, e)
+                continue
+            for run in runs:
+                run.unreadable_since = None
+                status = status_name(statuses.get(run.job_id))
+                if status is None or status == "FAILED_DRIVER":
+                    # the job vanished or its driver died: preemption shows up this way
+                    if self.clusters.is_up(run.cluster) is False:
+                        self.cluster_lost(run.cluster, f"job {run.job_id} status {status}")
+                        continue
+                    if status is None:
+                        self._end(
+                            run, RunExit(None, lost=True, detail=f"job {run.job_id} not found on `{name}`")
+                        )
+                        continue
+                if status in TERMINAL:
+                    with self.shared.lock:
+                        if run.state != "running":
+                            continue
+                        run.state = "fetching"
+                    self.shared.thread(self._fetch, run, status)
+
+    def _status_failed(self, runs: list[Run], error: BaseException) -> None:
+        cluster = runs[0].cluster
+        if is_gone(error) or self.clusters.is_up(cluster) is False:
+            self.cluster_lost(cluster, one_line(error))
+            return
+        now = time.time()
+        patience = core.STATUS_PATIENCE
+        for run in runs:  # the API server hiccuped: the job goes on, ask again next turn
+            run.unreadable_since = run.unreadable_since or now
+            if now - run.unreadable_since > patience:
+                detail = f"job status unreadable for {patience:.0f} s: {one_line(error)}"
+                self._end(run, RunExit(None, lost=True, detail=detail))
+
+    def cluster_lost(self, cluster: Cluster, detail: str) -> None:
+        """The cluster is no longer up: its running jobs end as `infra`; it relaunches when work needs it."""
+        with self.shared.lock:
+            for run in self.runs.values():
+                if run.cluster is cluster and run.state in ("running", "fetching"):
+                    ended = RunExit(
+                        None, lost=True, detail=f"cluster `{cluster.name}` is no longer up ({detail})"
+                    )
+                    self._end(run, ended)
+        self.clusters.down(cluster, detail)
+
+    # ------------------------------------------------------------------ reading the log
+
+    def _follow(self, run: Run) -> None:
+        """Stream the job's log into `log.txt` until the job ends, so its end is seen at once.
+
+        Anything unclear (an error, a failure without the run script's exit line, which is how
+        a preemption looks) is left to the monitor, which polls the job's status and reads the
+        log again with retries.
+        """
+        # once the monitor has taken the run over, it rewrites the log: this stream stops writing
+        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running")
+        try:
+            code = self.shared.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
+        except Exception as e:
+            log.info("log stream of job %s on %s broke: %s", run.job_id, run.cluster.name, e)
+            return
+        sink.finish()
+        status = EXIT_STATUS.get(code)
+        if status is None or (status == "FAILED" and "exit" not in sink.tags):
+            return
+        with self.shared.lock:
+            if run.state != "running":
+                return
+            run.state = "fetching"
+        self._finish(run, status, sink.tags)
+
+    def _fetch(self, run: Run, status: str) -> None:
+        try:
+            sink = self.shared.tail(run.cluster.name, run.job_id, lambda: JobLogSink(run.spec.log_path))
+        except Exception as e:
+            detail = (
+                f"the log of job {run.job_id} on `{run.cluster.name}` could not be read "
+                f"after {self.shared.log_retries} tries: {one_line(e)}"
+            )
+            self._end(run, RunExit(None, lost=True, detail=detail))
+            return
+        sink.finish()
+        self._finish(run, status, sink.tags)
+
+    def _finish(self, run: Run, status: str, tags: dict[str, str]) -> None:
+        """Complete the log where the controller reads it, then report the end."""
+        if self.shared.stop.is_set():
+            return  # this backend was closed: a newer controller owns the run now
+        code = tags.get("code") if tags.get("code") not in (None, "", "none") else None
+        extra = run_keys(
+            read_tail(run.spec.log_path),
+            tier=run.spec.env.get("NIGHTLAB_TIER", ""),
+            gpu=tags.get("gpu"),
+            code=code,
+        )
+        if extra:
+            with open(run.spec.log_path, "a") as f:
+                f.write(extra)
+        exit_tag = tags.get("exit")
+        if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
+            ended = RunExit(int(exit_tag), code=code)
+        elif status == "SUCCEEDED":
+            ended = RunExit(0, code=code)
+        elif status == "CANCELLED":
+            ended = RunExit(None, detail="job cancelled", code=code)
+        else:  # the run script itself died (driver failure, OOM kill of the node)
+            ended = RunExit(None, lost=True, detail=f"job {run.job_id} ended {status} without an exit status")
+        self._end(run, ended)
