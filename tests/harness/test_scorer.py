@@ -206,3 +206,17 @@ def test_a_seed_that_changes_nothing_is_flagged():
     assert seed_ignored(1, 1.2345671, [(0, 1.2345668)]) is not None  # the same to 6 decimals
     assert "ignores NIGHTLAB_SEED" in seed_ignored(1, 1.5, [(0, 1.5)])
     assert seed_ignored(1, 1.5, [(0, 1.4999), (1, 1.5)]) is None  # a repeat of the same seed may agree
+
+
+def test_the_supervisor_preloads_the_deserializer_and_exits_without_teardown():
+    """`_preload` imports what `torch.export.load` needs (1.3-1.6 s a run otherwise, after the run);
+    `exit_now` keeps the exit code and the output that is still buffered."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from nightlab.harness.attempt import _preload, exit_now; _preload(); "
+        "print('torch._export.serde.serialize' in sys.modules, end=''); exit_now(3)"
+    )
+    proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stdout == "True", proc.stderr

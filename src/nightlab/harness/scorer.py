@@ -386,4 +386,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nightlab.harness.attempt import exit_now
+
+    exit_now(main())
