@@ -1,7 +1,8 @@
 """A fast stand-in of bench/search_sim.py for tuning a strategy: the same objective, spaces, knob
 rounding, noise level, time model and verdict rule, without the lab.
 
-No controller, git or processes: each wave calls the strategy, draws the metric from
+No controller, git or processes: the real `run_loop` (the loop of `nightlab search`) drives the
+strategy over an in-memory lab (`Standin`) that draws the metric from
 `search_sim.true_metric` plus Gaussian noise (sd 0.003; the real target's noise is a hash of the
 knobs, so per-seed results differ), times the wave by its longest run, and adopts the wave's best
 with `decide.best_of_wave` against the incumbent's runs. The noise floor's 3 repeats share the
@@ -31,7 +32,7 @@ from search_sim import SPACES, START, true_metric  # bench/ is on sys.path when 
 from nightlab.search.decide import best_of_wave, pooled_sd
 from nightlab.search.knobs import parse_value
 from nightlab.search.spaces import parse_space
-from nightlab.search.strategies import Observation, make_strategy
+from nightlab.search.strategies import Observation, WaveSummary, make_strategy, run_loop
 
 DIMS = [parse_space(s) for s in SPACES]
 NOISE, RUN, WORKERS, FLOOR = 0.003, 0.3, 16, 3
@@ -41,53 +42,86 @@ def _value(knobs: dict[str, str]) -> dict[str, object]:
     return {name: parse_value(text) for name, text in knobs.items()}
 
 
-def run(seed: int, strategy: str, options: dict, *, waves: int, noise_seed: int = 0) -> tuple[list, list]:
-    """(cumulative seconds, the incumbent's true metric) after each wave of one search."""
-    rng = np.random.default_rng(seed + 1000 * noise_seed)
-    search = make_strategy(strategy, DIMS, **options)
+class Standin:
+    """An in-memory lab for `run_loop`: the objective plus noise, waves timed by their longest run."""
 
-    def measure(knobs: dict[str, str]) -> float | None:
+    def __init__(self, seed: int, noise_seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed + 1000 * noise_seed)
+        self.incumbent = {d.name: d.to_source(START[d.name]) for d in DIMS}
+        self.figure = [self.measure(self.incumbent) for _ in range(FLOOR)]
+        # the tier's repeated runs: its noise floor
+        self.repeats = {tuple(sorted(self.incumbent.items())): list(self.figure)}
+        self.runs: dict[str, list[Observation]] = {}
+        self.elapsed, self.times, self.truths = 0.0, [], []
+
+    def measure(self, knobs: dict[str, str]) -> float | None:
         v = _value(knobs)
         if v["LR"] * v["DEPTH"] > 0.8:  # the target's crash region
             return None
-        return true_metric(**v) + NOISE * rng.standard_normal()
+        return true_metric(**v) + NOISE * self.rng.standard_normal()
 
-    def seconds(knobs: dict[str, str]) -> float:
+    def seconds(self, knobs: dict[str, str]) -> float:
         return RUN * (0.5 + 0.05 * _value(knobs)["DEPTH"])
 
-    incumbent = {d.name: d.to_source(START[d.name]) for d in DIMS}
-    figure = [measure(incumbent) for _ in range(FLOOR)]
-    repeats = {tuple(sorted(incumbent.items())): list(figure)}  # the tier's repeated runs: its noise floor
-    history: list[Observation] = []
-    elapsed, times, truths = 0.0, [], []
-    for wave in range(waves):
-        search.observe_incumbent(incumbent, figure)
-        proposals = search.propose(incumbent, history, WORKERS - (FLOOR if wave == 0 else 0))
-        if not proposals:
-            break
-        runs = [Observation(f"w{wave}-{i}", p, measure(p), wave) for i, p in enumerate(proposals)]
-        elapsed += max(seconds(p) for p in proposals + [incumbent])
+    def submit(self, proposals: list[dict[str, str]], index: int) -> str:
+        wave_id = f"w{index}"
+        self.runs[wave_id] = [
+            Observation(f"{wave_id}-{i}", p, self.measure({**self.incumbent, **p}), index)
+            for i, p in enumerate(proposals)
+        ]
+        self.elapsed += max(self.seconds({**self.incumbent, **p}) for p in proposals + [self.incumbent])
+        return wave_id
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        return self.runs[wave_id]
+
+    def decide(self, wave_id: str, runs: list[Observation]) -> tuple[Observation | None, str | None]:
+        """`best_of_wave` over the wave's configurations other than the incumbent, pooled noise floor."""
         by_config: dict[tuple, list[Observation]] = {}
         for o in runs:
             by_config.setdefault(tuple(sorted(o.knobs.items())), []).append(o)
+        here = tuple(sorted(self.incumbent.items()))
         candidates = {
             group[0].id: [o.value for o in group if o.value is not None]
             for key, group in by_config.items()
-            if key != tuple(sorted(incumbent.items()))
+            if key != here
         }
         for key, group in by_config.items():
-            repeats.setdefault(key, []).extend(o.value for o in group if o.value is not None)
-        picked = best_of_wave(candidates, figure, noise_sigma=pooled_sd(repeats.values())[0])
-        if picked is not None and picked[1].verdict == "keep":
-            winner = next(o for o in runs if o.id == picked[0])
-            runs = [Observation(o.id, o.knobs, o.value, wave, o.knobs == winner.knobs) for o in runs]
-            incumbent = dict(winner.knobs)
-            figure = [o.value for o in runs if o.knobs == incumbent and o.value is not None]
-        search.observe_incumbent(incumbent, figure)
-        history += runs
-        times.append(elapsed)
-        truths.append(true_metric(**_value(incumbent)))
-    return times, truths
+            self.repeats.setdefault(key, []).extend(o.value for o in group if o.value is not None)
+        picked = best_of_wave(candidates, self.figure, noise_sigma=pooled_sd(self.repeats.values())[0])
+        if picked is None:
+            return None, None
+        winner = next(o for o in runs if o.id == picked[0])
+        return (winner if picked[1].verdict == "keep" else None), picked[1].verdict
+
+    def adopt(self, winner: Observation) -> None:
+        self.incumbent = {**self.incumbent, **winner.knobs}
+        runs = self.runs[f"w{winner.wave}"]
+        self.figure = [o.value for o in runs if o.knobs == winner.knobs and o.value is not None]
+
+    def on_wave(self, summary: WaveSummary) -> None:
+        self.times.append(self.elapsed)
+        self.truths.append(true_metric(**_value(self.incumbent)))
+
+
+def run(seed: int, strategy: str, options: dict, *, waves: int, noise_seed: int = 0) -> tuple[list, list]:
+    """(cumulative seconds, the incumbent's true metric) after each wave of one search, by `run_loop`:
+    the noise floor's repeats share the first wave's round, as in `nightlab search`."""
+    lab = Standin(seed, noise_seed)
+    run_loop(
+        make_strategy(strategy, DIMS, **options),
+        incumbent=lab.incumbent,
+        wave_size=WORKERS,
+        first_wave_size=WORKERS - FLOOR,
+        submit_wave=lab.submit,
+        wait_wave=lab.wait,
+        decide=lab.decide,
+        adopt=lab.adopt,
+        waves=waves,
+        on_wave=lab.on_wave,
+        incumbent_values=lambda: lab.figure,
+    )
+    return lab.times, lab.truths
 
 
 def main() -> None:

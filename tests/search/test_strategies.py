@@ -1,4 +1,4 @@
-"""Tests for nightlab.search.strategies: factorial, greedy and Optuna strategies and the research loop.
+"""Tests for nightlab.search.strategies: factorial, greedy, pattern and Optuna strategies and the research loop.
 
 The loop runs against an in-memory fake lab: a known objective plus Gaussian noise, the
 incumbent re-measured four times after each adoption, and `best_of_wave` as the judge.
@@ -409,6 +409,42 @@ def test_loop_first_wave_size_leaves_room_for_runs_in_flight() -> None:
     assert [s.proposed for s in result.waves] == [8]
 
 
+def test_min_wave_says_how_small_a_wave_a_strategy_fills() -> None:
+    five = [parse_space(f"K{i}=uniform(0,1)") for i in range(5)]
+    assert FactorialStrategy(five).min_wave == 8  # the 2^(5-2) resolution III fraction
+    assert FactorialStrategy(five[:2]).min_wave == 4  # the full 2^2
+    for name in ("greedy", "optuna", "pattern", "surface"):
+        assert make_strategy(name, five).min_wave == 1
+    # what min_wave promises is what the design does
+    incumbent = {f"K{i}": "0.5" for i in range(5)}
+    assert len(FactorialStrategy(five).propose(incumbent, [], 8)) == 8
+    with pytest.raises(UsageError, match="too small"):
+        FactorialStrategy(five).propose(incumbent, [], 7)
+
+
+def test_loop_lets_a_real_error_in_propose_surface() -> None:
+    """An error raised by `propose` reaches the caller: the loop no longer retries a wave with
+    more runs when propose raises (it asks `min_wave` instead), which hid such errors."""
+    lab = FakeLab(bowl, {"LR": "0.001", "DEPTH": "2"}, 0.002)
+    calls: list[int] = []
+
+    class Broken(PatternStrategy):
+        def propose(self, incumbent, history, k):
+            calls.append(k)
+            if len(calls) == 1:
+                raise UsageError("the strategy's own bug")
+            return super().propose(incumbent, history, k)
+
+    with pytest.raises(UsageError, match="own bug"):
+        lab.loop(Broken(LOOP_DIMS), wave_size=4, first_wave_size=2, waves=2)
+    assert calls == [2]  # asked once, with the smaller size; not retried with the whole wave
+    # a wave too small for the design's block, asked of the strategy, is still a usage error
+    dims = [parse_space(f"K{i}=uniform(0,1)") for i in range(5)]
+    flat = FakeLab(lambda knobs: 1.0, {f"K{i}": "0.5" for i in range(5)}, 0.002)
+    with pytest.raises(UsageError, match="raise --wave-size to 8"):
+        flat.loop(FactorialStrategy(dims), wave_size=4, waves=1)
+
+
 def test_loop_all_crashed_wave_and_converged_stop() -> None:
     lab = FakeLab(bowl, {"LR": "0.01", "DEPTH": "8"}, 0.002)
     lab.wait = lambda wave_id: [Observation(i, k, None) for i, k in lab.waves[wave_id]]
@@ -428,9 +464,29 @@ def test_importing_search_loads_no_heavy_library() -> None:
     import sys
 
     code = (
-        "import sys, nightlab.search; "
+        "import sys, nightlab.search, nightlab.search.strategies; "
         "print(sorted(m for m in ('numpy', 'scipy', 'optuna', 'statsmodels', 'pyDOE3', 'matplotlib', 'torch') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_strategy_modules_import_only_the_shared_base() -> None:
+    """No cycle: each strategy module builds on `_base` alone (surface.py once imported the
+    strategies module's private helpers while that module imported surface.py for its factory)."""
+    import ast
+    from pathlib import Path
+
+    import nightlab.search.strategies as package
+
+    folder = Path(package.__file__).parent
+    for name in ("factorial", "greedy", "bayesian", "pattern", "surface"):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("nightlab.search.strategies")
+        }
+        assert imported == {"nightlab.search.strategies._base"}, name

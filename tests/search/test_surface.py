@@ -1,4 +1,4 @@
-"""Tests for nightlab.search.surface: the quadratic response-surface strategy.
+"""Tests for nightlab.search.strategies.surface: the quadratic response-surface strategy.
 
 Run: .venv/bin/python -m pytest -q tests/search/test_surface.py
 """
@@ -14,7 +14,7 @@ from nightlab.errors import UsageError
 from nightlab.search.knobs import parse_value
 from nightlab.search.spaces import parse_space
 from nightlab.search.strategies import Observation, PatternStrategy, make_strategy
-from nightlab.search.surface import SurfaceStrategy, _box_minimum, _fit, _positive_definite
+from nightlab.search.strategies.surface import SurfaceStrategy, _box_minimum, _fit, _positive_definite
 
 # X and Y uniform on [-1, 1]: the value is the coded level
 DIMS = [parse_space("X=uniform(-1,1)"), parse_space("Y=uniform(-1,1)")]

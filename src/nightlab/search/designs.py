@@ -36,6 +36,7 @@ __all__ = [
     "fractional_factorial",
     "full_factorial",
     "make_design",
+    "min_two_level_runs",
     "random_design",
     "two_level_design",
 ]
@@ -310,6 +311,12 @@ def fractional_factorial(
     )
 
 
+def min_two_level_runs(k: int) -> int:
+    """The runs of the smallest two-level design over `k` factors (a resolution III fraction, or the full one)."""
+    smallest = _generators(k, 3)
+    return min(1 << smallest[0], 1 << k) if smallest else 1 << k
+
+
 def two_level_design(dims: Sequence[Dimension], *, max_runs: int) -> Design:
     """The most informative two-level design with at most `max_runs` runs.
 
@@ -331,8 +338,7 @@ def two_level_design(dims: Sequence[Dimension], *, max_runs: int) -> Design:
             break
         best = resolution
     if best is None:
-        smallest = _generators(k, 3)
-        runs = 1 << smallest[0] if smallest else 1 << k
+        runs = min_two_level_runs(k)
         raise UsageError(
             f"a wave of `{max_runs}` runs is too small for {k} two-level factors; "
             f"a resolution III design needs {runs}: raise --wave-size to {runs} or use fewer knobs"

@@ -1,0 +1,207 @@
+"""The `pattern` strategy: parallel coordinate search with a per-knob quadratic step (a parallel greedy)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from nightlab.errors import UsageError
+from nightlab.search.decide import pooled_sd
+from nightlab.search.knobs import parse_value
+from nightlab.search.spaces import Choice, Dimension
+from nightlab.search.strategies._base import (
+    Knobs,
+    Observation,
+    _key,
+    _since_adoption,
+    _SteppedStrategy,
+    replicate_groups,
+    stencil,
+)
+
+__all__ = ["PatternStrategy"]
+
+
+class PatternStrategy(_SteppedStrategy):
+    """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
+
+    The first wave is a stencil around the incumbent: each knob `step` coded units up and down,
+    the others kept (+step and +2 step, or -step and -2 step, at an edge of the space). Each wave
+    after it fits, per knob, a parabola through the last stencil's two points on that knob and
+    its centre's figure, and moves every knob to the parabola's minimum (at most `reach` stencil
+    widths away; past the better point when the fit is not convex; with a crashed stencil run,
+    only as far as the measured point that was better). A
+    knob whose stencil shows neither a curvature nor a gain above twice the noise (the pooled sd
+    of repeated configurations) stays where it is. The new point is the next centre: the wave
+    measures it `replicas` times plus a stencil around it on as many knobs as the wave has room
+    for, knobs the last stencil left out first, then those with the largest predicted gain.
+
+    So every wave both follows the model and measures what the next step needs; the loop judges
+    the centre (a mean of `replicas` runs) against the stencil points like any other candidates.
+    The step halves after every `patience` waves without an adoption; the search stops below
+    `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
+    decay) are crossed in a zig-zag, one knob-wise step per wave: a quadratic with interactions
+    fitted on the last stencils, and a secant update of the interactions, were tried on
+    bench/search_sim.py and did not help (the fits were not convex or overshot).
+
+    Args:
+        step: the stencil's half-width in coded units ([-1, +1] is the space).
+        min_step: stop proposing once the step falls below this.
+        reach: how far the fitted step may go, in stencil half-widths.
+        replicas: runs of each new centre.
+        patience: waves without an adoption before the step halves.
+    """
+
+    name = "pattern"
+
+    def __init__(
+        self,
+        dims: Sequence[Dimension],
+        *,
+        lower_is_better: bool = True,
+        seed: int = 0,
+        step: float = 0.25,
+        min_step: float = 1 / 32,
+        reach: float = 4.0,
+        replicas: int = 2,
+        patience: int = 2,
+    ) -> None:
+        super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
+        if replicas < 1 or patience < 1:
+            raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
+        self.reach, self.replicas = reach, replicas
+        self.patience = patience
+        self._figures: dict[tuple, list[float]] = {}
+        self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
+
+    def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:
+        self._figures[_key(knobs, self.dims)] = list(values)
+        self._incumbents.append(dict(knobs))
+
+    def _values_at(self, key: tuple, history: Sequence[Observation]) -> list[float]:
+        return replicate_groups(history, self.dims, self._figures).get(key, [])
+
+    def _last_stencil(self, history: Sequence[Observation]) -> tuple[Knobs, list[Observation]] | None:
+        """The last wave's centre and runs when it was a stencil (each run moved at most one knob)."""
+        if not history:
+            return None
+        last = max(o.wave for o in history)
+        runs = [o for o in history if o.wave == last]
+        if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
+            return None
+        counts = {
+            d.name: Counter(repr(parse_value(o.knobs[d.name])) for o in runs).most_common(2)
+            for d in self.dims
+        }
+        centre = {
+            d.name: next(
+                o.knobs[d.name] for o in runs if repr(parse_value(o.knobs[d.name])) == counts[d.name][0][0]
+            )
+            for d in self.dims
+        }
+        if any(len(c) > 1 and c[0][1] == c[1][1] for c in counts.values()):
+            # a knob's centre value is not the most common one (one knob probed, the centre not run in
+            # the wave): the centre is the configuration every run differs from in exactly one knob
+            known = [*reversed(self._incumbents), *(o.knobs for o in history if o.wave < last)]
+            centre = next(
+                (
+                    dict(c)
+                    for c in known
+                    if all(d.name in c for d in self.dims)
+                    and all(
+                        sum(parse_value(o.knobs[d.name]) != parse_value(c[d.name]) for d in self.dims) == 1
+                        for o in runs
+                    )
+                ),
+                {},
+            )
+            if not centre:
+                return None
+        moved = set()
+        for o in runs:
+            diff = [d.name for d in self.dims if parse_value(o.knobs[d.name]) != parse_value(centre[d.name])]
+            if len(diff) > 1:
+                return None
+            moved.update(diff)
+        return (centre, runs) if moved else None
+
+    def _noise(self, history: Sequence[Observation]) -> float:
+        return pooled_sd(replicate_groups(history, self.dims, self._figures).values())[0] or 0.0
+
+    def _fitted_step(
+        self, centre: Knobs, runs: Sequence[Observation], f0: float, noise: float
+    ) -> dict[str, tuple[object, float]]:
+        """Per knob: (the value the fit points to, the predicted gain), for knobs worth moving.
+
+        A knob whose stencil shows neither a curvature nor a gain above twice the noise stays:
+        near the optimum a weak knob's fit is noise, and following it would undo earlier gains.
+        """
+        sign = 1.0 if self.lower_is_better else -1.0
+        out: dict[str, tuple[object, float]] = {}
+        for dim in self.dims:
+            here = parse_value(centre[dim.name])
+            axis = [o for o in runs if parse_value(o.knobs[dim.name]) != here]
+            if not axis:
+                continue
+            if isinstance(dim, Choice):
+                ok = [o for o in axis if o.value is not None and sign * (o.value - f0) < -2 * noise]
+                if ok:
+                    best = min(ok, key=lambda o: sign * o.value)
+                    out[dim.name] = (parse_value(best.knobs[dim.name]), sign * (f0 - best.value))
+                continue
+            c0 = dim.coded(here)
+            points = [(dim.coded(parse_value(o.knobs[dim.name])) - c0, o.value) for o in axis]
+            points = [(x, y) for x, y in points if x != 0]  # both clipped to one edge: no slope to see
+            if not points:
+                continue
+            fit = [(0.0, 0.0)] + [(x, sign * (y - f0)) for x, y in points if y is not None]
+            span = max(abs(x) for x, _ in points)
+            x_best, y_best = min(fit, key=lambda p: p[1])
+            move, gain = 0.0, 0.0
+            if len(fit) >= 3:
+                (x1, y1), (x2, y2) = fit[1], fit[2]
+                a = (y1 / x1 - y2 / x2) / (x1 - x2) if x1 != x2 else 0.0
+                b = y1 / x1 - a * x1
+                if a * span * span > 2 * noise:
+                    move = max(-self.reach * span, min(self.reach * span, -b / (2 * a)))
+                    gain = -(b * move + a * move * move)
+                elif y_best < -2 * noise:  # no curvature to trust: go past the better point
+                    move, gain = 2 * x_best, -y_best
+            elif y_best < -2 * noise:  # a stencil run crashed: only as far as the better measured point
+                move, gain = x_best, -y_best
+            value = dim.from_coded(c0 + move)
+            if value != here and gain > 0:
+                out[dim.name] = (value, gain)
+        return out
+
+    def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
+        misses = len({o.wave for o in _since_adoption(history)})
+        step = self.step / 2 ** (misses // self.patience)
+        if step < self.min_step:
+            return []
+        names = [d.name for d in self.dims]
+        last = self._last_stencil(history)
+        if last is None:  # the first wave, or after a resume: a stencil around the incumbent
+            return stencil(self.dims, incumbent, step, names)[:k]
+        centre, runs = last
+        figure = self._values_at(_key(centre, self.dims), history)
+        if not figure:
+            return stencil(self.dims, incumbent, step, names)[:k]
+        f0 = sum(figure) / len(figure)
+        fitted = self._fitted_step(centre, runs, f0, self._noise(history))
+        point = dict(centre)
+        for name, (value, _) in fitted.items():
+            dim = next(d for d in self.dims if d.name == name)
+            point[name] = dim.to_source(value)
+        if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the incumbent
+            point = dict(incumbent)
+        have = len(self._values_at(_key(point, self.dims), history))
+        repeats = max(self.replicas - have, 0)
+        if repeats == 1 and have:  # one more run would ask for seed 0 again, which is measured
+            repeats = 2
+        # Knobs the last stencil left out come first, then the ones with the most to gain.
+        probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
+        order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
+        per_knob = max(1, (k - repeats) // 2)
+        around = stencil(self.dims, point, step, order[:per_knob])
+        return ([point] * repeats + around)[:k]
