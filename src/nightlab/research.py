@@ -18,8 +18,9 @@
 Before the first wave the noise floor of the validation tier is measured when there is none
 (`noise_repeats` runs of the incumbent): without it a single run cannot be judged.
 
-Resuming: every wave the loop submits carries `spec["search"]` with the search's identity
-(strategy, spaces, tiers), its index, and once judged the verdict and the adopted run. Running the
+Resuming: every wave the loop submits has a `SearchProgress` record in the ledger with the search's
+identity (strategy, spaces, tiers), its index, and once judged the verdict and the adopted run; each
+change to it is one transaction (`Ledger.update_search_progress`). Running the
 same command again rebuilds the history from those waves, waits for a wave that was submitted
 but not judged, completes an adoption that was decided but not done, and goes on; `--waves N`
 counts the waves of earlier runs, `--hours H` starts from now.
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from nightlab import identity
 from nightlab.analysis import noise_sigma, ok_values
-from nightlab.errors import DuplicateExperimentError, UsageError
-from nightlab.ledger import Experiment, ExperimentStatus, Wave
+from nightlab.errors import DuplicateExperimentError, LedgerError, UsageError
+from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress
 from nightlab.search.decide import best_of_wave
 from nightlab.search.decide import promote as pick
 from nightlab.waves import (
@@ -148,9 +149,8 @@ class _LabLoop:
 
     # --- the ledger view of this search
 
-    def waves(self) -> list[Wave]:
-        key = self.plan.key()
-        return [w for w in self.lab.ledger.waves() if w.spec.get("search", {}).get("key") == key]
+    def waves(self) -> list[SearchProgress]:
+        return self.lab.ledger.search_waves(self.plan.key())
 
     def observations(self, wave_id: str, index: int, adopted: str | None = None) -> list[Any]:
         from nightlab.search.strategies import Observation
@@ -169,12 +169,11 @@ class _LabLoop:
         history: list[Any] = []
         done, pending = 0, None
         for w in self.waves():
-            state = w.spec["search"]
-            if state.get("judged"):
-                history += self.observations(w.id, state["index"], state.get("adopted"))
+            if w.judged:
+                history += self.observations(w.wave_id, w.index, w.adopted)
                 done += 1
             else:
-                pending = w.id
+                pending = w.wave_id
         return history, done, pending
 
     def past_incumbents(self) -> list[tuple[dict[str, str], list[float]]]:
@@ -182,7 +181,7 @@ class _LabLoop:
         values on the validation tier). A resumed strategy gets them as the running one did."""
         out, seen = [], set()
         for w in self.waves():
-            members = self.lab.ledger.experiments(wave=w.id, with_metrics=False)
+            members = self.lab.ledger.experiments(wave=w.wave_id, with_metrics=False)
             parent = min(members, key=lambda e: e.seq).parent if members else None
             if parent is None or parent in seen:
                 continue
@@ -197,15 +196,18 @@ class _LabLoop:
     def finish_adoption(self) -> None:
         """Complete an adoption that was decided before an interruption but not carried out."""
         for w in self.waves():
-            adopted = w.spec["search"].get("adopted")
-            if adopted and self.lab.ledger.get(adopted).adopted_at is None:
-                self.note(f"completing the adoption of {adopted} decided in {w.id}")
-                self.adopt_id(adopted)
+            if w.adopted and self.lab.ledger.get(w.adopted).adopted_at is None:
+                self.note(f"completing the adoption of {w.adopted} decided in {w.wave_id}")
+                self.adopt_id(w.adopted)
 
-    def set_state(self, wave_id: str, **state: Any) -> None:
-        spec = self.lab.ledger.wave(wave_id).spec
-        spec["search"] = {**spec["search"], **state}
-        self.lab.ledger.update_wave_spec(wave_id, spec)
+    def state(self, wave_id: str) -> SearchProgress:
+        progress = self.lab.ledger.search_progress(wave_id)
+        if progress is None:  # only the loop's own waves come here
+            raise LedgerError(f"wave `{wave_id}` has no search record; run `nightlab doctor`")
+        return progress
+
+    def set_state(self, wave_id: str, **changes: Any) -> None:
+        self.lab.ledger.update_search_progress(wave_id, **changes)
 
     # --- the loop's callables
 
@@ -277,11 +279,9 @@ class _LabLoop:
             design=f"search:{plan.strategy}",
             description=f"search {plan.strategy} wave {index + 1}",
             tier=plan.screen_tier or plan.tier,
-            spec={
-                "spaces": list(plan.spaces),
-                "search": {"key": plan.key(), "index": index, "judged": False},
-            },
+            spec={"spaces": list(plan.spaces)},
             source="search",
+            search=(plan.key(), index),
         )
         return wave.wave.id
 
@@ -289,22 +289,21 @@ class _LabLoop:
         wave = self.lab.ledger.wave(wave_id)
         members = self.lab.ledger.experiments(wave=wave_id, with_metrics=False)
         reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
-        index = wave.spec["search"]["index"]
+        index = self.state(wave_id).index
         self.wait_ids([e.id for e in members] + reused + self.floor_ids, f"wave {index + 1} {wave_id}")
         if self.floor_ids:
             self.floor_ids = []
             self.report_noise_floor()
-        state = wave.spec["search"]
         if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
             self.effects_step(wave_id)
         if self.plan.screen_tier is not None:
-            promotion = state.get("promotion") or self.promote(wave_id)
+            promotion = self.state(wave_id).promotion or self.promote(wave_id)
             if promotion:
                 self.wait_ids(
                     [e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)],
                     f"promotion {promotion}",
                 )
-        return self.observations(wave_id, state["index"])
+        return self.observations(wave_id, index)
 
     def effects_step(self, wave_id: str) -> None:
         """After a factorial wave, also measure the point its main effects predict.
@@ -316,7 +315,7 @@ class _LabLoop:
         again).
         """
         lab, plan = self.lab, self.plan
-        if "stepped" in lab.ledger.wave(wave_id).spec["search"]:
+        if self.state(wave_id).stepped is not None:
             return
         result, values = wave_effects(lab, wave_id, interactions=False)
         lower = lab.config.metric.lower_is_better
@@ -331,7 +330,7 @@ class _LabLoop:
         full.update(point)
         measured = [k for _, k in wave_points(lab, lab.ledger.wave(wave_id))]
         if not point or any({**full, **k} == full for k in measured):
-            self.set_state(wave_id, stepped=[])
+            self.set_state(wave_id, stepped=())
             return
         n = min(tier_slots(lab, plan.tier), 4)
         try:
@@ -345,9 +344,9 @@ class _LabLoop:
                 source="search",
             )
         except DuplicateExperimentError:  # measured before, outside this wave: nothing new to learn
-            self.set_state(wave_id, stepped=[])
+            self.set_state(wave_id, stepped=())
             return
-        self.set_state(wave_id, stepped=[e.id for e in exps])
+        self.set_state(wave_id, stepped=tuple(e.id for e in exps))
         self.wait_ids([e.id for e in exps], f"{wave_id} main-effects step")
 
     def promote(self, wave_id: str) -> str | None:
@@ -385,9 +384,7 @@ class _LabLoop:
         """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
         lab, plan = self.lab, self.plan
         head_tree = lab.head_tree()
-        source_wave = (
-            lab.ledger.wave(wave_id).spec["search"].get("promotion") if plan.screen_tier else wave_id
-        )
+        source_wave = self.state(wave_id).promotion if plan.screen_tier else wave_id
         by_obs = {o.id for o in observations}
         trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
@@ -420,7 +417,7 @@ class _LabLoop:
         # One round of the validation tier's slots, and at least 4 runs for a single worker.
         slots = tier_slots(lab, plan.tier)
         cap = max(slots, 4)
-        if lab.ledger.wave(wave_id).spec["search"].get("settled"):
+        if self.state(wave_id).settled:
             return False
         if needed is None:
             self.note(

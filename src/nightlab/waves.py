@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from nightlab import snapshots
 from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
-from nightlab.ledger import Experiment, ExperimentStatus, Wave
+from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Wave
 
 if TYPE_CHECKING:
     from nightlab.lab import Lab
@@ -253,6 +253,7 @@ def submit_wave(
     source: str = "sweep",
     priority: int = 0,
     start_controller: bool = True,
+    search: tuple[Mapping[str, Any], int] | None = None,
 ) -> SubmittedWave:
     """Record a wave and queue each run (knob -> source text) on top of the incumbent.
 
@@ -261,8 +262,10 @@ def submit_wave(
             times runs n times as many seeds.
         design: the wave's kind as the ledger shows it (`full`, `optuna`, `search:greedy`, ...).
         repeats: runs per point, each with its own seed.
-        spec: extra data kept in the wave's spec (spaces, design, search state).
+        spec: extra data kept in the wave's spec (spaces, design).
         source: the experiments' source (`sweep`, `search`).
+        search: (the search's key, the wave's index) for a wave of `nightlab search`: its
+            `SearchProgress` record is created with the wave.
 
     Returns:
         The wave, the experiments queued and the points that reused an earlier measurement.
@@ -281,7 +284,7 @@ def submit_wave(
     base = lab.head()
     full_spec = {**(spec or {}), "runs": [dict(r) for r in runs], "repeats": repeats}
     wave = lab.ledger.add_wave(
-        design=design, description=description, spec=full_spec, tier=tier, base_snapshot=base
+        design=design, description=description, spec=full_spec, tier=tier, base_snapshot=base, search=search
     )
     queued: list[Experiment] = []
     if _incumbent_stale(lab, tier):
@@ -568,6 +571,7 @@ class WaveStatus:
     lower_is_better: bool
     incumbent: Any  # analysis.Figure on the wave's tier, or None
     promotion: dict[str, Any] | None = None
+    search: SearchProgress | None = None  # the record of a wave of `nightlab search`
 
     @property
     def candidates(self) -> tuple[Experiment, ...]:
@@ -616,6 +620,7 @@ class WaveStatus:
             "promotion": self.promotion,
             "experiments": [e.brief(self.metric) for e in self.runs],
             "spec": self.wave.spec,
+            "search": None if self.search is None else self.search.to_dict(),
         }
 
 
@@ -680,8 +685,15 @@ def wave_status(lab: Lab, wave_id: str) -> WaveStatus:
     runs = wave_runs(lab, wave)
     incumbent = incumbent_figure(lab.ledger, lab.config, lab.path, wave.tier) if wave.tier else None
     promotion = _promotion(lab, wave, runs) if wave.design == "promote" else None
+    search = lab.ledger.search_progress(wave_id)
     return WaveStatus(
-        wave, tuple(runs), lab.config.metric.name, lab.config.metric.lower_is_better, incumbent, promotion
+        wave,
+        tuple(runs),
+        lab.config.metric.name,
+        lab.config.metric.lower_is_better,
+        incumbent,
+        promotion,
+        search,
     )
 
 

@@ -67,6 +67,6 @@ def test_search_screens_on_one_tier_and_judges_on_the_other(quick_lab):
     [wave] = json.loads(proc.stdout)["waves"]
     assert wave["proposed"] == 2 and wave["adopted"] is not None
     w = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)
-    promotion = json.loads(nightlab("waves", w["spec"]["search"]["promotion"], "--json", cwd=lab).stdout)
+    promotion = json.loads(nightlab("waves", w["search"]["promotion"], "--json", cwd=lab).stdout)
     assert {e["tier"] for e in w["experiments"]} == {"cpu"}
     assert {e["tier"] for e in promotion["experiments"] if e["source"] == "promote"} == {"cpu2"}

@@ -29,6 +29,7 @@ from nightlab.ledger._rows import (
     Experiment,
     ExperimentStatus,
     NewExperiment,
+    SearchProgress,
     Wave,
     Worker,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Ledger",
     "NewExperiment",
     "ReadOnlyLedger",
+    "SearchProgress",
     "Wave",
     "Worker",
     "open_ledger",

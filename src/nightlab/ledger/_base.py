@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,14 @@ from nightlab.ledger._rows import (
     Event,
     Experiment,
     ExperimentStatus,
+    SearchProgress,
     Wave,
     Worker,
     _to_attempt,
     _to_controller,
     _to_event,
     _to_experiment,
+    _to_search_progress,
     _to_wave,
     _to_worker,
 )
@@ -256,6 +258,17 @@ class BaseLedger(ABC):
 
     def waves(self) -> list[Wave]:
         return [_to_wave(r) for r in self._query("SELECT * FROM waves ORDER BY seq")]
+
+    def search_waves(self, key: Mapping[str, Any] | None = None) -> list[SearchProgress]:
+        """The progress of every search wave (of the search `key` only, when given), oldest first."""
+        rows = self._query("SELECT s.* FROM search_waves s JOIN waves w ON w.id = s.wave_id ORDER BY w.seq")
+        out = [_to_search_progress(r) for r in rows]
+        return out if key is None else [p for p in out if p.key == dict(key)]
+
+    def search_progress(self, wave_id: str) -> SearchProgress | None:
+        """The progress of a search wave; None for a wave that no search submitted."""
+        rows = self._query("SELECT * FROM search_waves WHERE wave_id = ?", (wave_id,))
+        return _to_search_progress(rows[0]) if rows else None
 
     def workers(self) -> list[Worker]:
         return [_to_worker(r) for r in self._query("SELECT * FROM workers ORDER BY name")]

@@ -11,8 +11,9 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from nightlab.ledger._rows import (
     Experiment,
     ExperimentStatus,
     NewExperiment,
+    SearchProgress,
     Wave,
     _to_attempt,
     _to_experiment,
+    _to_search_progress,
     _to_wave,
 )
 
@@ -367,7 +370,10 @@ class Ledger(BaseLedger):
         spec: dict[str, Any] | None = None,
         tier: str | None = None,
         base_snapshot: str | None = None,
+        search: tuple[Mapping[str, Any], int] | None = None,
     ) -> Wave:
+        """Record a wave; `search` = (the search's key, the wave's index) starts its `SearchProgress`
+        in the same transaction, so a wave of a search is never without its record."""
         with self.transaction() as c:
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM waves").fetchone()[0]
             wid = f"w{seq:03d}"
@@ -376,6 +382,12 @@ class Ledger(BaseLedger):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (wid, seq, design, description, json.dumps(spec or {}), tier, base_snapshot, time.time()),
             )
+            if search is not None:
+                key, index = search
+                c.execute(
+                    "INSERT INTO search_waves (wave_id, search_key, idx) VALUES (?, ?, ?)",
+                    (wid, json.dumps(dict(key), sort_keys=True), index),
+                )
             self._event(c, "wave", None, wave=wid, design=design)
             row = c.execute("SELECT * FROM waves WHERE id = ?", (wid,)).fetchone()
         return _to_wave(row)
@@ -383,6 +395,45 @@ class Ledger(BaseLedger):
     def update_wave_spec(self, wave_id: str, spec: dict[str, Any]) -> None:
         with self.transaction() as c:
             c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
+
+    def update_search_progress(self, wave_id: str, **changes: Any) -> SearchProgress:
+        """Change fields of a search wave's progress in one transaction, and return the new record.
+
+        The read and the write share one `BEGIN IMMEDIATE` transaction, so two writers changing
+        different fields of one wave (the loop and a resumed copy of it, a promotion and a settle)
+        both land; with a read, then a separate write, the later writer overwrote the earlier's.
+        A judged wave's judgement is final: judging it again raises `LedgerError`.
+        """
+        fields = set(SearchProgress.__dataclass_fields__) - {"wave_id", "key", "index"}
+        unknown = set(changes) - fields
+        if unknown:
+            raise TypeError(f"SearchProgress has no field {', '.join(sorted(unknown))}")
+        with self.transaction() as c:
+            row = c.execute("SELECT * FROM search_waves WHERE wave_id = ?", (wave_id,)).fetchone()
+            if row is None:
+                raise UnknownExperimentError(f"wave `{wave_id}` is not a wave of `nightlab search`")
+            current = _to_search_progress(row)
+            if current.judged and {"judged", "adopted", "verdict"} & set(changes):
+                raise LedgerError(
+                    f"search wave `{wave_id}` was judged already ({current.verdict}); a judgement is final"
+                )
+            new = replace(current, **changes)
+            stepped = None if new.stepped is None else json.dumps(list(new.stepped))
+            c.execute(
+                "UPDATE search_waves SET judged = ?, adopted = ?, verdict = ?, promotion = ?, screened = ?,"
+                " stepped = ?, settled = ? WHERE wave_id = ?",
+                (
+                    int(new.judged),
+                    new.adopted,
+                    new.verdict,
+                    new.promotion,
+                    new.screened,
+                    stepped,
+                    int(new.settled),
+                    wave_id,
+                ),
+            )
+        return new
 
     def register_workers(self, workers: list[tuple[str, str, str, dict[str, Any]]]) -> None:
         """Replace the worker table with (name, tier, backend, info) rows, all idle."""

@@ -129,6 +129,35 @@ class Wave(_AsDict):
 
 
 @dataclass(frozen=True)
+class SearchProgress(_AsDict):
+    """Where one wave of `nightlab search` stands; changed only by `Ledger.update_search_progress`.
+
+    Attributes:
+        wave_id: the wave.
+        key: the search's identity (strategy, spaces, tiers): a resumed search finds its waves by it.
+        index: the wave's place in the search, 0-based.
+        judged: whether the wave's best was judged; then `adopted` and `verdict` are final.
+        adopted: the experiment adopted from the wave, if any.
+        verdict: the verdict word of the wave's best run (or why there was none to judge).
+        promotion: the wave that promoted its screened candidates to the validation tier.
+        screened: why nothing was promoted.
+        stepped: the runs of the factorial main-effects step; None while not stepped.
+        settled: whether the repeats that would settle a within-noise best were run.
+    """
+
+    wave_id: str
+    key: dict[str, Any]
+    index: int
+    judged: bool = False
+    adopted: str | None = None
+    verdict: str | None = None
+    promotion: str | None = None
+    screened: str | None = None
+    stepped: tuple[str, ...] | None = None
+    settled: bool = False
+
+
+@dataclass(frozen=True)
 class Worker(_AsDict):
     name: str
     tier: str
@@ -220,6 +249,21 @@ def _to_attempt(row: sqlite3.Row) -> Attempt:
         detail=row["detail"],
         log_path=row["log_path"],
         handle=json.loads(row["handle"] or "{}"),
+    )
+
+
+def _to_search_progress(row: sqlite3.Row) -> SearchProgress:
+    return SearchProgress(
+        wave_id=row["wave_id"],
+        key=json.loads(row["search_key"]),
+        index=row["idx"],
+        judged=bool(row["judged"]),
+        adopted=row["adopted"],
+        verdict=row["verdict"],
+        promotion=row["promotion"],
+        screened=row["screened"],
+        stepped=None if row["stepped"] is None else tuple(json.loads(row["stepped"])),
+        settled=bool(row["settled"]),
     )
 
 

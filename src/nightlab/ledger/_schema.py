@@ -6,7 +6,7 @@ A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATI
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
 # append a new one and a test that upgrades a committed ledger of the old version.
@@ -107,5 +107,30 @@ MIGRATIONS: list[str] = [
     ALTER TABLE experiments ADD COLUMN health TEXT;
     ALTER TABLE experiments ADD COLUMN judged TEXT;
     ALTER TABLE experiments ADD COLUMN epoch TEXT NOT NULL DEFAULT '';
+    """,
+    # v3 (issue 12): the progress of each `nightlab search` wave as a typed row (`SearchProgress`),
+    # moved out of the wave's spec JSON, where it was updated by a read and a separate write
+    """
+    CREATE TABLE search_waves (
+        wave_id TEXT PRIMARY KEY REFERENCES waves(id),
+        search_key TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        judged INTEGER NOT NULL DEFAULT 0,
+        adopted TEXT,
+        verdict TEXT,
+        promotion TEXT,
+        screened TEXT,
+        stepped TEXT,
+        settled INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO search_waves
+        (wave_id, search_key, idx, judged, adopted, verdict, promotion, screened, stepped, settled)
+    SELECT id, json_extract(spec, '$.search.key'), json_extract(spec, '$.search.index'),
+        COALESCE(json_extract(spec, '$.search.judged'), 0), json_extract(spec, '$.search.adopted'),
+        json_extract(spec, '$.search.verdict'), json_extract(spec, '$.search.promotion'),
+        json_extract(spec, '$.search.screened'), json_extract(spec, '$.search.stepped'),
+        COALESCE(json_extract(spec, '$.search.settled'), 0)
+    FROM waves WHERE json_type(spec, '$.search') = 'object';
+    UPDATE waves SET spec = json_remove(spec, '$.search') WHERE json_type(spec, '$.search') = 'object';
     """,
 ]
