@@ -69,7 +69,7 @@ def measure(root: Path, *, workers: int, waves: int, run: float, strategy: str, 
             research.run_search(
                 lab, strategy=strategy, spaces=SPACES, waves=waves, wave_size=workers, seed=0, poll=poll
             )
-            search_waves = [w for w in lab.ledger.waves() if w.spec.get("search")]
+            search_waves = [w for w in lab.ledger.waves() if lab.ledger.search_progress(w.id)]
             runs = {w.id: lab.ledger.experiments(wave=w.id) for w in search_waves}
     finally:
         for n, fn in originals.items():

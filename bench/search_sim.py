@@ -326,12 +326,12 @@ def run_arm(
             if w.design == "promote":
                 continue  # timed with its screening wave, below
             exps = lab.ledger.experiments(wave=w.id)
-            state = w.spec.get("search", {})
-            if state.get("promotion"):
-                exps += lab.ledger.experiments(wave=state["promotion"])
+            state = lab.ledger.search_progress(w.id)  # None for the noise floor's wave
+            if state is not None and state.promotion:
+                exps += lab.ledger.experiments(wave=state.promotion)
             runs += len(exps)
             elapsed = max([elapsed] + [ended[e.id] for e in exps if e.id in ended])
-            adopted = state.get("adopted")
+            adopted = state.adopted if state is not None else None
             if adopted:
                 knobs = {k: parse_value(v) for k, v in {**_knobs_of(lab, adopted)}.items()}
                 new = true_metric(**{**START, **knobs})
