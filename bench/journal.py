@@ -81,7 +81,7 @@ def build_lab(root: Path, n: int) -> Path:
 
 def per_idea_git_show(lab) -> int:
     """The obvious way: for each idea, `git show` the snapshot's and the parent's train.py."""
-    from nightlab.agent.journal import summarize_change
+    from nightlab.agent.changes import summarize_change
 
     firsts = {}
     for e in lab.ledger.experiments():

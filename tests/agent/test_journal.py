@@ -8,15 +8,8 @@ import math
 import pytest
 
 from labkit import SYNTHETIC_TRAIN, nightlab, wait_json
-from nightlab.agent.journal import (
-    Change,
-    Idea,
-    Theme,
-    TierResult,
-    build_journal,
-    summarize_change,
-    theme_name,
-)
+from nightlab.agent.changes import Change, summarize_change
+from nightlab.agent.journal import Idea, Theme, TierResult, build_journal, theme_name
 from nightlab.lab import Lab
 
 MODEL = """\

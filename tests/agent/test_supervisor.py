@@ -16,14 +16,9 @@ import pytest
 from agent_support import seen_dir, stand_in
 
 from labkit import nightlab, wait_json
-from nightlab.agent.supervisor import (
-    BUILTIN_AGENTS,
-    Limits,
-    Supervisor,
-    default_stall_seconds,
-    read_state,
-    resolve_agent,
-)
+from nightlab.agent.commands import BUILTIN_AGENTS, default_stall_seconds, resolve_agent
+from nightlab.agent.control import read_state
+from nightlab.agent.supervisor import Limits, Supervisor
 from nightlab.config import AgentConfig, load_config
 from nightlab.errors import NightlabError, UsageError
 

@@ -23,23 +23,20 @@ The fleet keeps running meanwhile: it does not depend on the agent.
 
 The agent runs in its own process group, so stopping it (SIGTERM, then SIGKILL after
 `term_grace` s) also stops the commands it started; the fleet controller has its own session
-and survives. One supervisor per lab: it holds an `flock` on `.nightlab/agent/supervisor.lock`
-for its life, and its state is in `.nightlab/agent/state.json` (written atomically) for
-`nightlab agent status`, `nightlab agent stop` and the dashboard.
+and survives. One supervisor per lab (`control.process`, the fleet controller's lifecycle
+rules); `control` also reads its state, starts it detached, stops it and reports its status.
+Which CLI runs is `commands.resolve_agent`; the one-line views of the state are `lines`.
 
 Usage:
-    command = resolve_agent("claude", lab.config.agent)
+    command = commands.resolve_agent("claude", lab.config.agent)
     Supervisor(lab.path, command, Limits(max_hours=8)).run()   # returns the stop reason
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,31 +47,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nightlab.agent.commands import CLAUDE_SANDBOX_ENV, CLAUDE_UNATTENDED_FLAG, AgentCommand
+from nightlab.agent.control import agent_dir, process, running_pid, write_state
 from nightlab.agent.transcripts import SessionReport, TokenPrices, context_full, read_transcript
-from nightlab.config import AgentConfig, LabConfig
-from nightlab.errors import NightlabError, UsageError
-from nightlab.locks import try_lock
+from nightlab.config import AgentConfig
+from nightlab.display import clock
+from nightlab.errors import NightlabError
+from nightlab.lifecycle import stop_group
 
-AGENT_DIR = Path(".nightlab") / "agent"
-STATE_NAME = "state.json"
-
-# Headless invocations, prompt on stdin. Both agents edit files and run commands without
-# asking: nobody is there to approve. Run the lab in a container or VM you can afford to let
-# an agent loose in. Claude Code: `-p` prints and exits, stream-json (needs --verbose) makes
-# every tool call a transcript line, which is what stall detection watches. Codex: `exec -`
-# reads the prompt from stdin, `--json` streams events as JSON lines; its shell tool runs
-# `bash -lc` by default, and a login shell resets PATH from /etc/profile (measured on Codex
-# 0.171.0: `nightlab: command not found`), so login shells are off.
-BUILTIN_AGENTS: dict[str, str] = {
-    "claude": "claude -p --output-format stream-json --verbose --dangerously-skip-permissions",
-    "codex": "codex exec --json --dangerously-bypass-approvals-and-sandbox -c allow_login_shell=false -",
-}
-# Claude Code refuses --dangerously-skip-permissions as root (exit 1 in 0.5 s) unless this
-# documented variable says the machine is a sandbox. Choosing the unattended line on a box
-# where you are root (rented GPU machines, containers) is that statement; it is set only then.
-CLAUDE_SANDBOX_ENV = "IS_SANDBOX"
-CLAUDE_UNATTENDED_FLAG = "--dangerously-skip-permissions"
-KNOWN_CLIS = ("claude", "codex")
 START_FAILURE_SECONDS = 30.0  # a built-in CLI that exits this soon without one JSON event did not start
 _MAX_TURNS = re.compile(r'"subtype"\s*:\s*"error_max_turns"')
 TAIL_BYTES = 8192  # the end of a transcript is where an agent reports why it stopped
@@ -93,109 +73,6 @@ class Limits:
     max_cost: float | None = None  # USD of API cost over the run
     api_backoff: float = 30.0  # seconds before the first retry after an API failure, doubling
     api_backoff_max: float = 900.0
-
-
-@dataclass(frozen=True)
-class AgentCommand:
-    """A resolved agent: its name (`claude`, `codex`, a `[agent.commands]` key, or `custom`) and argv."""
-
-    name: str
-    argv: tuple[str, ...]
-
-    @property
-    def cli(self) -> str | None:
-        """`claude` or `codex` when the command runs one of them (also behind `env` or a path)."""
-        return next((Path(a).name for a in self.argv[:4] if Path(a).name in KNOWN_CLIS), None)
-
-
-def default_stall_seconds(config: LabConfig) -> float:
-    """`agent.stall_seconds`, or long enough for one `nightlab wait` on a run at the time limit."""
-    if config.agent.stall_seconds is not None:
-        return config.agent.stall_seconds
-    return max(900.0, config.target.timeout + 300.0)
-
-
-def resolve_agent(agent: str | None, config: AgentConfig) -> AgentCommand:
-    """Turn `--agent` (a known name or a command line) into the command to run.
-
-    Raises:
-        UsageError: an unknown name, an unparsable command line, or an executable not on PATH.
-    """
-    agent = agent or config.default
-    commands = {**BUILTIN_AGENTS, **config.commands}
-    if agent in commands:
-        name, line = agent, commands[agent]
-    elif any(c.isspace() for c in agent) or os.sep in agent or shutil.which(agent):
-        name, line = "custom", agent
-    else:
-        raise UsageError(
-            f"unknown agent `{agent}`; use {', '.join(sorted(commands))}, or a command line "
-            "(e.g. `--agent 'opencode run'`)"
-        )
-    try:
-        argv = tuple(shlex.split(line))
-    except ValueError as e:
-        raise UsageError(f"agent command `{line}` does not parse: {e}") from e
-    if not argv:
-        raise UsageError(
-            f"agent `{agent}` has an empty command line; fix `[agent.commands]` in nightlab.toml"
-        )
-    if shutil.which(argv[0]) is None:
-        raise UsageError(
-            f"`{argv[0]}` (agent `{name}`) is not on PATH; install it, or pass the full command with "
-            "`--agent 'COMMAND'`"
-        )
-    return AgentCommand(name, argv)
-
-
-# ---------------------------------------------------------------------------- state and lock
-
-
-def agent_dir(lab_dir: Path) -> Path:
-    return lab_dir / AGENT_DIR
-
-
-def read_state(lab_dir: Path) -> dict[str, Any] | None:
-    """The last state the lab's supervisor wrote, or None if none ever ran."""
-    try:
-        return json.loads((agent_dir(lab_dir) / STATE_NAME).read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as e:  # only a crash mid-write by something else could do this
-        raise NightlabError(f"`{agent_dir(lab_dir) / STATE_NAME}` is not valid JSON ({e}); delete it") from e
-
-
-def _write_state(lab_dir: Path, state: dict[str, Any]) -> None:
-    path = agent_dir(lab_dir) / STATE_NAME
-    tmp = path.with_name(f".{STATE_NAME}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=1, default=str))
-    os.replace(tmp, path)  # readers see the old or the new file, never half of one
-
-
-def _lock(lab_dir: Path, *, patience: float = 0.0):
-    """The lab's supervisor lock (see `nightlab.locks.try_lock`)."""
-    return try_lock(agent_dir(lab_dir) / "supervisor.lock", patience=patience)
-
-
-def running_pid(lab_dir: Path) -> int | None:
-    """The pid of the lab's live supervisor; -1 while one starts; None when none runs."""
-    with _lock(lab_dir) as got:
-        if got is not None:
-            return None
-    state = read_state(lab_dir) or {}
-    return state.get("pid") if state.get("status") == "running" else -1
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------- the supervisor
@@ -249,8 +126,8 @@ class Supervisor:
         Raises:
             NightlabError: another supervisor runs for this lab, or the agent cannot be started.
         """
-        with _lock(self.lab_dir, patience=0.5) as lock:
-            if lock is None:
+        with process(self.lab_dir).hold(patience=0.5, on_stop=self.request_stop) as held:
+            if not held:
                 pid = running_pid(self.lab_dir)
                 raise NightlabError(
                     f"an agent supervisor already runs for this lab (pid {pid}); "
@@ -306,7 +183,7 @@ class Supervisor:
             "error": None,
             "stop_reason": None,
         }
-        _write_state(self.lab_dir, self.state)
+        write_state(self.lab_dir, self.state)
         reason: str | None = None
         with Lab.open(self.lab_dir) as lab:
             self._cursor = self._last_event_id(lab)
@@ -330,7 +207,7 @@ class Supervisor:
 
     def _finish(self, reason: str) -> str:
         self.state.update(status="stopped", stop_reason=reason, agent_pid=None, updated_at=time.time())
-        _write_state(self.lab_dir, self.state)
+        write_state(self.lab_dir, self.state)
         self.log(f"supervisor stopped: {reason}")
         return reason
 
@@ -366,8 +243,8 @@ class Supervisor:
         api.update(delay=delay, next_try_at=now + delay, last_error=report.error, status=report.api_status)
         self.state["api"] = api
         self.log(
-            f"API unavailable since {_clock(api['since'])} ({report.error or 'no detail'}); "
-            f"next try at {_clock(api['next_try_at'])} (in {delay:.0f} s)"
+            f"API unavailable since {clock(api['since'])} ({report.error or 'no detail'}); "
+            f"next try at {clock(api['next_try_at'])} (in {delay:.0f} s)"
         )
 
     def _api_back(self) -> None:
@@ -389,7 +266,7 @@ class Supervisor:
             self._count_submissions(lab)
             if time.time() - written >= STATE_EVERY:
                 self.state["updated_at"] = written = time.time()
-                _write_state(self.lab_dir, self.state)
+                write_state(self.lab_dir, self.state)
             self._stop.wait(min(self.poll, left))
         return self._limit_reached()
 
@@ -479,7 +356,7 @@ class Supervisor:
             last_activity=started,
             updated_at=started,
         )
-        _write_state(self.lab_dir, self.state)
+        write_state(self.lab_dir, self.state)
         self.log(f"session {n} started: {self.command.name} (pid {proc.pid}), transcript {transcript}")
         try:
             end = self._watch(lab, proc, transcript)
@@ -517,7 +394,7 @@ class Supervisor:
             output_tokens=report.output_tokens,
         )
         self.state.update(agent_pid=None, updated_at=time.time())
-        _write_state(self.lab_dir, self.state)
+        write_state(self.lab_dir, self.state)
         return end
 
     def _settle(self, end: SessionEnd, transcript: Path, started: float) -> SessionEnd:
@@ -588,7 +465,7 @@ class Supervisor:
                 return SessionEnd("stall", False, None)
             if now - written >= STATE_EVERY or self.state["updated_at"] < self.state["last_activity"]:
                 self.state["updated_at"] = now
-                _write_state(self.lab_dir, self.state)
+                write_state(self.lab_dir, self.state)
                 written = now
             # returns as soon as the agent exits; a stop request waits at most one poll
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -614,21 +491,11 @@ class Supervisor:
             self.state["last_activity"] = time.time()
 
     def _kill(self, proc: subprocess.Popen) -> None:
-        """Stop the agent's whole process group: SIGTERM, then SIGKILL after the grace period.
+        """Stop the agent's whole process group (SIGTERM, SIGKILL after the grace period).
 
         Also after a normal exit: commands the agent left running in the background go too.
         """
-        for sig, patience in ((signal.SIGTERM, self.term_grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            deadline = time.time() + patience
-            while time.time() < deadline:
-                if proc.poll() is not None and not _group_alive(proc.pid):
-                    return
-                time.sleep(0.05)
-        proc.wait()
+        stop_group(proc, grace=self.term_grace)
 
 
 def _tail(transcript: Path) -> str:
@@ -638,146 +505,3 @@ def _tail(transcript: Path) -> str:
             return f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
-
-
-def _clock(ts: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# ---------------------------------------------------------------------------- background, stop
-
-
-def start_background(lab_dir: Path, run_args: list[str], *, timeout: float = 30.0) -> int:
-    """Start `nightlab agent run RUN_ARGS` detached and return the supervisor's pid.
-
-    Raises:
-        NightlabError: one already runs, or the new one exited or did not come up in `timeout` s.
-    """
-    pid = running_pid(lab_dir)
-    if pid is not None:
-        raise NightlabError(
-            f"an agent supervisor already runs for this lab (pid {pid}); stop it with `nightlab agent stop`"
-        )
-    directory = agent_dir(lab_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    log_path = directory / "supervisor.log"
-    args = [sys.executable, "-m", "nightlab", "agent", "run", *run_args, "--lab", str(lab_dir)]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if running_pid(lab_dir) == proc.pid:
-            return proc.pid
-        code = proc.poll()
-        if code is not None:
-            lines = log_path.read_text(errors="replace").strip().splitlines()
-            raise NightlabError(
-                f"the agent supervisor exited at start (code {code}): {lines[-1] if lines else '?'}; see {log_path}"
-            )
-        time.sleep(0.05)
-    raise NightlabError(f"the agent supervisor did not start within {timeout:.0f} s; see {log_path}")
-
-
-def stop(lab_dir: Path, *, timeout: float = TERM_GRACE + 20.0) -> int | None:
-    """Ask the running supervisor to stop its agent and exit; wait for it. Returns its pid or None.
-
-    Raises:
-        NightlabError: it did not stop within `timeout` s.
-    """
-    pid = running_pid(lab_dir)
-    if pid is None:
-        return None
-    if pid > 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if running_pid(lab_dir) is None:
-            return pid
-        time.sleep(0.05)
-    raise NightlabError(f"the agent supervisor (pid {pid}) did not stop within {timeout:.0f} s; `kill {pid}`")
-
-
-def status(lab_dir: Path) -> dict[str, Any]:
-    """The supervisor's state with `running` (is it alive now), `agent_alive` and `gpu_cost_usd` added.
-
-    `gpu_cost_usd` is the fleet's cost so far (`fleet.costs.cost_summary`), None for a lab
-    without priced (remote) workers: the API cost is shown next to it.
-    """
-    from nightlab.fleet.costs import cost_summary
-    from nightlab.ledger import open_ledger
-
-    state = dict(read_state(lab_dir) or {})
-    running = running_pid(lab_dir) is not None
-    state["running"] = running
-    if state.get("status") == "running" and not running:
-        state["status"] = "dead"  # killed without cleaning up: its agent may still run
-    state["agent_alive"] = _alive(state.get("agent_pid"))
-    state["gpu_cost_usd"] = None
-    if (lab_dir / ".nightlab" / "ledger.db").is_file():
-        ledger = open_ledger(lab_dir)
-        try:
-            summary = cost_summary(ledger)
-        finally:
-            ledger.close()
-        state["gpu_cost_usd"] = None if summary is None else summary["total_cost"]
-    return state
-
-
-# ---------------------------------------------------------------------------- one-line views
-# `nightlab agent status` and the dashboard show the same lines, so they are written once here.
-
-
-def outage_line(state: dict[str, Any], *, now: float | None = None) -> str | None:
-    """ "API unavailable since …, next try at …" while the model API is down, else None."""
-    api = state.get("api")
-    if not api:
-        return None
-    now = time.time() if now is None else now
-    next_try = api["next_try_at"]
-    when = f"in {next_try - now:.0f} s" if next_try > now else "now"
-    failures = api["failures"]
-    return (
-        f"API unavailable since {_clock(api['since'])} ({now - api['since']:.0f} s), next try at "
-        f"{_clock(next_try)} ({when}); {failures} failed session{'s' if failures != 1 else ''}, "
-        f"last error: {api.get('last_error') or '-'}"
-    )
-
-
-def cost_line(state: dict[str, Any]) -> str:
-    """API cost of the run, of the last session and the cap, next to the fleet's GPU cost."""
-    sessions = state.get("sessions") or []
-    parts = [f"API ${state.get('cost_usd') or 0.0:.2f} this run"]
-    last = sessions[-1].get("cost_usd") if sessions else None
-    if last is not None:
-        parts.append(f"${last:.2f} last session")
-    cap = (state.get("limits") or {}).get("max_cost")
-    if cap is not None:
-        parts.append(f"cap ${cap:.2f}")
-    gpu = state.get("gpu_cost_usd")
-    parts.append(f"GPU {'-' if gpu is None else f'${gpu:.2f}'} (fleet)")
-    return ", ".join(parts)
-
-
-def session_line(session: dict[str, Any]) -> str:
-    """One finished session from its transcript: how it ended, what it did and cost, its last words."""
-    cost = session.get("cost_usd")
-    line = (
-        f"session {session['n']}: {session['end']} after {session['ended_at'] - session['started_at']:.0f} s, "
-        f"{session.get('turns', 0)} turns, {session.get('commands', 0)} commands"
-        + ("" if cost is None else f", ${cost:.2f}")
-    )
-    said = session.get("error") or session.get("last_message")
-    return line + (f"; {said}" if said else "")

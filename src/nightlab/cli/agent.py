@@ -63,17 +63,19 @@ def run(
       nightlab agent run --agent claude --max-hours 8 --background && nightlab agent status --json | jq .session
     """
     from nightlab.agent import supervisor as sup
+    from nightlab.agent.commands import default_stall_seconds, resolve_agent
+    from nightlab.agent.control import start_background
     from nightlab.agent.transcripts import TokenPrices
     from nightlab.lab import Lab
 
     with Lab.open(lab_dir) as lab:
         path, config = lab.path, lab.config
-    command_ = sup.resolve_agent(agent, config.agent)
+    command_ = resolve_agent(agent, config.agent)
     limits = sup.Limits(
         max_hours=max_hours,
         max_experiments=max_experiments,
         max_restarts_per_hour=max_restarts_per_hour or config.agent.max_restarts_per_hour,
-        stall_seconds=stall_seconds or sup.default_stall_seconds(config),
+        stall_seconds=stall_seconds or default_stall_seconds(config),
         max_cost=max_cost,
         api_backoff=config.agent.api_backoff_seconds,
         api_backoff_max=config.agent.api_backoff_max_seconds,
@@ -89,7 +91,7 @@ def run(
         ):
             if value is not None:
                 args += [flag, str(value)]
-        pid = sup.start_background(path, args)
+        pid = start_background(path, args)
         click.echo(pid)
         say(
             f"agent supervisor started (pid {pid}); follow with `nightlab agent status`, stop with `nightlab agent stop`"
@@ -111,10 +113,10 @@ def run(
 @lab_option
 def stop(lab_dir) -> None:
     """Stop the supervisor and its agent; experiments already queued keep running."""
-    from nightlab.agent import supervisor as sup
+    from nightlab.agent.control import stop as stop_supervisor
     from nightlab.lab import find_lab
 
-    pid = sup.stop(find_lab(lab_dir))
+    pid = stop_supervisor(find_lab(lab_dir))
     say("no agent supervisor was running" if pid is None else f"agent supervisor (pid {pid}) stopped")
 
 
@@ -128,10 +130,11 @@ def status(as_json, lab_dir) -> None:
     Example:
       nightlab agent status --json | jq '{status, session, experiments_submitted}'
     """
-    from nightlab.agent import supervisor as sup
+    from nightlab.agent import lines
+    from nightlab.agent.control import status as supervisor_status
     from nightlab.lab import find_lab
 
-    state = sup.status(find_lab(lab_dir))
+    state = supervisor_status(find_lab(lab_dir))
     if as_json:
         emit_json(state)
         return
@@ -161,11 +164,11 @@ def status(as_json, lab_dir) -> None:
     click.echo(f"  limits: {', '.join(parts)}")
     if state.get("error"):
         click.echo(f"  error: {state['error']}")
-    outage = sup.outage_line(state)
+    outage = lines.outage_line(state)
     if outage:
         click.echo(f"  {outage}")
-    click.echo(f"  cost: {sup.cost_line(state)}")
+    click.echo(f"  cost: {lines.cost_line(state)}")
     for session in (state.get("sessions") or [])[-3:]:
-        click.echo(f"  {sup.session_line(session)}")
+        click.echo(f"  {lines.session_line(session)}")
     if state["transcript"]:
         click.echo(f"  transcript: {state['transcript']}")

@@ -1,8 +1,8 @@
 """Starting, finding and stopping a lab's controller.
 
 One controller per lab: it holds an exclusive `flock` on `.nightlab/controller.lock` for
-its whole life. The kernel drops that lock when the process dies, however it dies, so a
-stale lock can never block a restart and no pid file has to be trusted.
+its whole life and writes `.nightlab/controller.pid` (the lock, pid file, start and stop
+rules are `nightlab.lifecycle.Singleton`'s, shared with the agent supervisor).
 
 Run in the background as `python -m nightlab.fleet.daemon LAB_DIR [--cpu-slots N]`.
 """
@@ -11,37 +11,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nightlab.errors import ControllerError, NightlabError
-from nightlab.locks import try_lock
+from nightlab.lifecycle import ProcessTimeout, Singleton
 
 START_TIMEOUT = 20.0
 
 
-def _lock_path(lab_dir: Path) -> Path:
-    return lab_dir / ".nightlab" / "controller.lock"
-
-
-def _try_lock(lab_dir: Path, *, patience: float = 0.0):
-    return try_lock(_lock_path(lab_dir), patience=patience)
+def process(lab_dir: Path) -> Singleton:
+    """The lab's controller as a background process (lock, pid file)."""
+    state = lab_dir / ".nightlab"
+    return Singleton(state / "controller.lock", state / "controller.pid", marker=str(lab_dir.resolve()))
 
 
 def running_pid(lab_dir: Path) -> int | None:
-    """The pid of the lab's live controller, or None."""
-    with _try_lock(lab_dir) as got:
-        if got is not None:
-            return None
-    try:
-        text = (lab_dir / ".nightlab" / "controller.pid").read_text().strip()
-        return int(text) if text else -1
-    except (FileNotFoundError, ValueError):
-        return -1  # starting up: the lock is held but the pid not yet written
+    """The pid of the lab's live controller; -1 while one starts; None when none runs."""
+    return process(lab_dir).running_pid()
 
 
 def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool = True) -> int:
@@ -60,26 +48,23 @@ def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool 
 
     check_capacity(load_lab_config(lab_dir).config, cpu_slots=cpu_slots)  # one line, before anything starts
     log_path = lab_dir / ".nightlab" / "controller.log"
-    args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir)]
+    args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir.resolve())]
     if cpu_slots:
         args += ["--cpu-slots", str(cpu_slots)]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    proc = process(lab_dir).start(args, log_path)
     if not wait:
         return proc.pid
-    deadline = time.time() + START_TIMEOUT
-    while time.time() < deadline:
-        if running_pid(lab_dir) not in (None, -1):
-            return proc.pid
-        code = proc.poll()
-        if code is not None:
-            if code == 3:  # lost the race to another starter: that one runs
-                return running_pid(lab_dir) or proc.pid
-            raise ControllerError(f"the controller exited at start (code {code}); see {log_path}")
-        time.sleep(0.02)
-    raise ControllerError(f"the controller did not start within {START_TIMEOUT:.0f} s; see {log_path}")
+    try:
+        pid = process(lab_dir).wait_started(proc, timeout=START_TIMEOUT)
+    except ProcessTimeout:
+        raise ControllerError(
+            f"the controller did not start within {START_TIMEOUT:.0f} s; see {log_path}"
+        ) from None
+    if pid is not None:
+        return pid  # ours, or the one that won the race to start (ours then exits 3)
+    if proc.returncode == 3:  # lost the race to another starter that has not written its pid yet
+        return running_pid(lab_dir) or proc.pid
+    raise ControllerError(f"the controller exited at start (code {proc.returncode}); see {log_path}")
 
 
 def ensure_running(lab_dir: Path) -> int | None:
@@ -90,27 +75,23 @@ def ensure_running(lab_dir: Path) -> int | None:
 
 
 def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
-    """Ask the controller to stop (its runs are requeued) and wait; returns its pid or None."""
-    pid = running_pid(lab_dir)
-    if pid is None:
+    """Ask the controller to stop (its runs are requeued) and wait; returns its pid or None.
+
+    A controller still starting is stopped too: SIGTERM reaches it once its pid is known
+    (`Singleton.stop`). The ledger's stop flag alone did not: the start resets it.
+    """
+    if running_pid(lab_dir) is None:
         return None
     from nightlab.ledger import open_ledger
 
     with open_ledger(lab_dir) as ledger:
         ledger.request_controller_stop()
-    if pid > 0:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if running_pid(lab_dir) is None:
-            return pid
-        time.sleep(0.05)
-    raise ControllerError(
-        f"the controller (pid {pid}) did not stop within {timeout:.0f} s; kill it with `kill {pid}`"
-    )
+    try:
+        return process(lab_dir).stop(timeout=timeout)
+    except ProcessTimeout as e:
+        raise ControllerError(
+            f"the controller (pid {e.pid}) did not stop within {timeout:.0f} s; kill it with `kill {e.pid}`"
+        ) from None
 
 
 def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
@@ -119,18 +100,19 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
     from nightlab.fleet.controller import Controller, build_slots
     from nightlab.ledger import open_ledger
 
-    with _try_lock(lab_dir, patience=0.5) as lock:
-        if lock is None:
+    problem = _ledger_problem(lab_dir)
+    if problem is not None:
+        # before the pid file: `start_background` then reports the failed start instead of a pid
+        logging.getLogger("nightlab.controller").error("controller refused to start: %s", problem)
+        print(f"nightlab: {problem}", file=sys.stderr)
+        return 1
+    stop_early: list[int] = []  # a SIGTERM while it starts, kept until the controller exists
+    with process(lab_dir).hold(
+        patience=0.5, on_stop=lambda signum, _frame: stop_early.append(signum)
+    ) as held:
+        if not held:
             print(f"nightlab: a controller already runs for {lab_dir}", file=sys.stderr)
             return 3
-        problem = _ledger_problem(lab_dir)
-        if problem is not None:
-            # before the pid file: `start_background` then reports the failed start instead of a pid
-            logging.getLogger("nightlab.controller").error("controller refused to start: %s", problem)
-            print(f"nightlab: {problem}", file=sys.stderr)
-            return 1
-        pid_file = lab_dir / ".nightlab" / "controller.pid"
-        pid_file.write_text(str(os.getpid()))
         try:
             loaded = load_lab_config(lab_dir)
             if loaded.uncommitted:
@@ -160,13 +142,13 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
                 )
                 signal.signal(signal.SIGTERM, controller.request_stop)
                 signal.signal(signal.SIGINT, controller.request_stop)
+                if stop_early:
+                    controller.request_stop()
                 controller.run()
         except NightlabError as e:
             # one line in controller.log, no traceback: `nightlab doctor` and `status` say what to do
             logging.getLogger("nightlab.controller").error("controller stopped: %s", e)
             return 1
-        finally:
-            pid_file.unlink(missing_ok=True)
     return 0
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from nightlab.config import PoolConfig
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.lifecycle import alive
 from nightlab.snapshots import materialise
 
 MEASUREMENT_OVERRIDES = ("NIGHTLAB_BUDGET", "NIGHTLAB_MAX_STEPS", "NIGHTLAB_SKIP_EVAL")
@@ -52,21 +53,6 @@ def local_slots(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[Worke
         )
         for i in range(n)
     ]
-
-
-def _alive(pid: int, marker: str) -> bool:
-    """Whether `pid` is still our wrapper (and not a recycled pid of something else)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc (macOS): trust the pid
-    return marker.encode() in cmdline
 
 
 def _find_pid(marker: str) -> int | None:
@@ -143,7 +129,7 @@ class LocalBackend(BaseBackend):
             return RunExit(code if code >= 0 else 128 - code)
         if status_file.exists():
             return RunExit(int(status_file.read_text().strip() or "1"))
-        if pid and _alive(pid, marker):
+        if pid and alive(pid, marker=marker):  # ours, not a recycled pid of something else
             return None
         if status_file.exists():  # it ended between the two checks
             return RunExit(int(status_file.read_text().strip() or "1"))

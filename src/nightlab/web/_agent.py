@@ -1,6 +1,6 @@
 """The agent page's data: the supervisor's state and the tail of the agent's transcript.
 
-The state is `nightlab agent status --json` (`agent.supervisor.status`): `state.json` as the
+The state is `nightlab agent status --json` (`agent.control.status`): `state.json` as the
 supervisor last wrote it, plus whether the supervisor and its agent are alive now. The
 transcript is the one the state names (the current or last session), else the newest
 `transcript-*.log`. A lab where no agent ever ran has no `.nightlab/agent/`; then nothing is
@@ -30,10 +30,10 @@ def _transcript(agent_dir: Path, state: dict[str, Any]) -> Path | None:
 def agent_state(lab_dir: Path) -> dict[str, Any]:
     """`present` (an agent ran here), `status` (= `nightlab agent status --json`), the transcript tail,
     and the `outage`, `cost` and last `sessions` lines of `nightlab agent status`."""
-    from nightlab.agent import supervisor
+    from nightlab.agent import control, lines
     from nightlab.errors import NightlabError
 
-    agent_dir = supervisor.agent_dir(lab_dir)
+    agent_dir = control.agent_dir(lab_dir)
     out: dict[str, Any] = {
         "present": False,
         "status": None,
@@ -47,15 +47,15 @@ def agent_state(lab_dir: Path) -> dict[str, Any]:
     if not agent_dir.is_dir():
         return out
     try:
-        status = supervisor.status(lab_dir)
+        status = control.status(lab_dir)
     except NightlabError as e:  # a state.json someone else broke
         out.update(present=True, error=str(e))
         return out
     out.update(present="pid" in status, status=status)
-    if "pid" in status:  # the lines `nightlab agent status` prints, written once in the supervisor
-        out["outage"] = supervisor.outage_line(status)
-        out["cost"] = supervisor.cost_line(status)
-        out["sessions"] = [supervisor.session_line(s) for s in (status.get("sessions") or [])[-SESSIONS:]]
+    if "pid" in status:  # the lines `nightlab agent status` prints, written once in agent/lines.py
+        out["outage"] = lines.outage_line(status)
+        out["cost"] = lines.cost_line(status)
+        out["sessions"] = [lines.session_line(s) for s in (status.get("sessions") or [])[-SESSIONS:]]
     transcript = _transcript(agent_dir, status)
     if transcript is not None:
         out["present"] = True

@@ -1,0 +1,172 @@
+"""The one process-lifecycle helper (`nightlab.lifecycle`) and its two users, the fleet
+controller (`fleet/daemon.py`) and the agent supervisor (`agent/control.py`).
+
+Both must answer "is it running" the same way in every state (nothing, starting, running),
+and a stop that comes while the process is still starting must stop it: the controller's
+start used to reset the ledger's stop flag, so `fleet stop` timed out while it ran on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nightlab.agent import control
+from nightlab.fleet import daemon, local
+from nightlab.lifecycle import Singleton, alive, group_alive
+from nightlab.lifecycle import _read_pid as read_pid
+from nightlab.locks import try_lock
+
+# A stand-in owner: takes the lock, stays "starting" (lock held, no pid) for START s, then
+# publishes its pid and runs until SIGTERM, which it handles like the real two do.
+OWNER = textwrap.dedent(
+    """
+    import signal, sys, time
+    from pathlib import Path
+    from nightlab.lifecycle import Singleton
+    from nightlab.locks import try_lock
+    lock, pid, start = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    process = Singleton(lock, pid, marker=sys.argv[4])
+    stopped = []
+    with try_lock(lock, patience=5) as got:
+        assert got is not None
+        signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+        time.sleep(start)  # still starting: a stop now must not be lost
+    # the real owners hold the lock across this; the stand-in re-takes it to publish its pid
+    with process.hold(patience=5, on_stop=lambda *_: stopped.append(1)) as held:
+        assert held
+        while not stopped:
+            time.sleep(0.02)
+    """
+)
+
+
+def singletons(lab: Path) -> dict[str, Singleton]:
+    return {"controller": daemon.process(lab), "supervisor": control.process(lab)}
+
+
+def running(lab: Path, kind: str) -> int | None:
+    return {"controller": daemon.running_pid, "supervisor": control.running_pid}[kind](lab)
+
+
+def owner(process: Singleton, lab: Path, start: float) -> subprocess.Popen:
+    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start), str(lab)]
+    return process.start(args, lab / "owner.log")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    directory = tmp_path / "lab"
+    (directory / ".nightlab" / "agent").mkdir(parents=True)
+    return directory
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("kind", ["controller", "supervisor"])
+def test_both_background_processes_follow_one_rule(kind, lab, procs):
+    process = singletons(lab)[kind]
+    assert running(lab, kind) is None
+    proc = owner(process, lab, start=1.0)
+    procs.append(proc)
+    # started and not yet holding its pid: starting (-1), for both kinds alike
+    deadline = time.time() + 10
+    while running(lab, kind) != -1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert running(lab, kind) == -1
+    while running(lab, kind) == -1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert running(lab, kind) == proc.pid == read_pid(process.pid_path)
+    assert not process.starting_path.exists()  # the owner took over from the starter's note
+    assert process.stop(timeout=10) == proc.pid
+    assert proc.wait(timeout=5) == 0  # it handled SIGTERM and left cleanly
+    assert running(lab, kind) is None and not process.pid_path.exists()
+
+
+@pytest.mark.parametrize("kind", ["controller", "supervisor"])
+@pytest.mark.parametrize("moment", ["just-started", "holding-the-lock"])
+def test_a_stop_while_it_starts_is_not_lost(kind, moment, lab, procs):
+    process = singletons(lab)[kind]
+    proc = owner(process, lab, start=1.5)
+    procs.append(proc)
+    if moment == "holding-the-lock":  # it handles SIGTERM now but has not published its pid
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with try_lock(process.lock_path) as got:
+                if got is None:
+                    break
+            time.sleep(0.01)
+    # the stop comes before the owner published its pid: it signals the pid the starter noted,
+    # or waits for the published one; either way the owner stops
+    t0 = time.time()
+    assert process.stop(timeout=15) == proc.pid
+    assert time.time() - t0 < 10
+    code = proc.wait(timeout=5)
+    # before its handler exists SIGTERM's default action ends it; after, it leaves cleanly
+    assert code == 0 if moment == "holding-the-lock" else code in (0, -15)
+    assert running(lab, kind) is None
+
+
+def test_a_stale_note_or_pid_file_is_not_trusted(lab):
+    process = daemon.process(lab)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    process.starting_path.write_text(str(dead.pid))
+    process.pid_path.write_text(str(os.getpid()))  # no lock held: a leftover of a killed owner
+    assert process.running_pid() is None
+    # a live pid that is not ours (no marker in its command line) is no starting owner either
+    process.starting_path.write_text(str(os.getpid()))
+    assert Singleton(process.lock_path, process.pid_path, marker="/no/such/lab").running_pid() is None
+
+
+def test_alive_has_one_answer_for_every_caller(tmp_path):
+    """The fleet's local runs, the supervisor's agent and the two singletons ask `lifecycle.alive`."""
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert local.alive is alive and control.alive is alive
+        assert alive(sleeper.pid) and alive(sleeper.pid, marker="sleep")
+        assert not alive(sleeper.pid, marker="something else")  # a recycled pid is not ours
+        assert group_alive(sleeper.pid)
+        assert not alive(None) and not alive(-1) and not alive(0)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not alive(sleeper.pid) and not alive(sleeper.pid, marker="sleep")
+    assert not group_alive(sleeper.pid)
+
+
+def test_fleet_stop_stops_a_controller_that_is_still_starting(make_lab):
+    """`nightlab submit` starts a controller without waiting; a `fleet stop` right after must stop it.
+
+    Before the fix the stop saw no controller (or a starting one), wrote the ledger's stop flag,
+    which the start then reset, and returned while the controller ran on.
+    """
+    lab = make_lab(slots=1)
+    pid = daemon.start_background(lab, wait=False)
+    try:
+        stopped = daemon.stop(lab, timeout=30)
+        assert stopped == pid
+        time.sleep(1.0)  # long enough for a controller that survived to show itself
+        assert daemon.running_pid(lab) is None
+        assert not alive(pid)
+        from nightlab.ledger import open_ledger
+
+        with open_ledger(lab) as ledger:
+            assert ledger.controller() is None  # no row left: nothing for `revive` to restart
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
