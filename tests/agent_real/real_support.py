@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
 import os
 import queue
 import shutil
@@ -232,10 +231,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def state(lab: Path) -> dict:
-    try:
-        return json.loads((lab / ".nightlab" / "agent" / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    """The supervisor's run as the ledger holds it ({} before one started)."""
+    from nightlab.agent.control import read_state
+
+    return read_state(lab) or {}
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

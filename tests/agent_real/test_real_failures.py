@@ -5,9 +5,10 @@
   capped exponential backoff shown in `agent status` and the dashboard, resumed on recovery,
   while the fleet keeps running;
 - a full context ("prompt is too long", "ran out of room"): a restart with a fresh prompt;
+- a stream that stalls after its headers: the CLI's own idle timeout gives up, the run goes on;
 - a server that never answers: the stall watchdog kills the agent's process group, restarts,
   and `--max-hours` ends the run;
-- `--max-cost`: the agent stops at the cap, the fleet does not.
+- `--max-cost`: the agent stops at the cap (Codex's during its session), the fleet does not.
 
 Run: .venv/bin/python -m pytest -q tests/agent_real/test_real_failures.py
 """
@@ -125,6 +126,39 @@ def test_a_full_context_restarts_with_a_fresh_prompt(cli, make_lab, bins, net, t
     assert server.problems == []
 
 
+STALLS = 2  # streams that send their headers and then nothing
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_a_stream_that_stalls_after_its_headers_is_given_up_by_the_cli_and_the_run_goes_on(
+    cli, make_lab, bins, net, tmp_path
+):
+    """The server answers 200 and `text/event-stream`, then sends nothing: each CLI's own idle
+    timeout (Claude Code `API_TIMEOUT_MS`, Codex `stream_idle_timeout_ms`, both 3 s here) ends
+    the request. Whether the CLI's retry recovers inside the session or the session ends as an
+    API failure and is waited out, the supervisor's watchdog (60 s) is never needed and the
+    stalls cost no restart."""
+    lab = make_lab(slots=1)
+    agent_toml(lab, "api_backoff_seconds = 1\napi_backoff_max_seconds = 2\n")
+    with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:
+        server.fail("stall", STALLS)
+        env = cli_env(cli, server.url, tmp_path / "home", bins)
+        if cli == "claude":
+            env["API_TIMEOUT_MS"] = "3000"
+        start = time.time()
+        proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "1", "--stall-seconds", "60")
+        code, out, err = finish(proc, timeout=120)
+    assert code == 0 and out == "max-experiments\n", err
+    assert [r.answered for r in server.requests][:STALLS] == ["stall"] * STALLS
+    assert "nightlab submit -m 'lr 0.02' --set LR=0.02 --json" in [r.answered for r in server.requests]
+    st = state(lab)
+    ends = [s["end"] for s in st["sessions"]]
+    assert "stall" not in ends  # the CLI's own timeout acted, well before the watchdog's 60 s
+    assert set(ends[:-1]) <= {"api-error"} and st["restarts_total"] == 0, ends
+    assert time.time() - start < 60
+    assert server.problems == []
+
+
 @pytest.mark.parametrize("cli", CLIS)
 def test_a_server_that_never_answers_is_met_by_the_watchdog(cli, make_lab, bins, net, tmp_path):
     lab = make_lab(slots=1)
@@ -180,6 +214,13 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     assert code == 0 and out == "max-cost\n", err
     st = state(lab)
     assert len(st["sessions"]) == 1 and st["cost_usd"] >= 0.05
+    if cli == "codex":
+        # enforced during the session, from the running token count in Codex's rollout file: the
+        # first reply already cost more than the cap, so the session was stopped after it, not
+        # after its 5 commands and the end of its turn (where Codex's transcript reports tokens)
+        [session] = st["sessions"]
+        assert session["end"] == "max-cost" and session["commands"] <= 2, session
+        assert session["input_tokens"] > 0 and session["cost_usd"] == st["cost_usd"]
     # the fleet was not stopped: the same controller runs on, and the queued experiment finishes
     after = json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"]
     assert controller["running"] and after["running"] and after["pid"] == controller["pid"]

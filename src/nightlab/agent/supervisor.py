@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.agent.commands import CLAUDE_SANDBOX_ENV, CLAUDE_UNATTENDED_FLAG, AgentCommand
-from nightlab.agent.control import agent_dir, process, running_pid, write_state
+from nightlab.agent.control import agent_dir, process, running_pid
 from nightlab.agent.transcripts import SessionReport, TokenPrices, context_full, read_transcript
 from nightlab.config import AgentConfig
 from nightlab.display import clock
 from nightlab.errors import NightlabError
+from nightlab.ledger import AgentRun
 from nightlab.lifecycle import stop_group
 
 START_FAILURE_SECONDS = 30.0  # a built-in CLI that exits this soon without one JSON event did not start
@@ -110,7 +111,8 @@ class Supervisor:
         self.log = log or (lambda message: None)
         self._stop = threading.Event()
         self.stopped_by: int | None = None  # the signal that asked the run to stop, if one did
-        self.state: dict[str, Any] = {}
+        self.state: AgentRun | None = None  # the run's record as the ledger last returned it
+        self._ledger = None  # the lab's ledger while `run` runs
 
     def request_stop(self, signum: int | None = None, *_: object) -> None:
         """Stop the agent and the run (signal-handler safe); `stopped_by` keeps the signal."""
@@ -156,36 +158,25 @@ class Supervisor:
     def _run(self) -> str:
         from nightlab.lab import Lab
 
-        now = time.time()
-        self.state = {
-            "pid": os.getpid(),
-            "status": "running",
-            "lab": str(self.lab_dir),
-            "agent": self.command.name,
-            "cli": self.command.cli,
-            "command": list(self.command.argv),
-            "limits": asdict(self.limits),
-            "started_at": now,
-            "updated_at": now,
-            "session": None,
-            "agent_pid": None,
-            "session_started_at": None,
-            "transcript": None,
-            "prompt": None,
-            "last_activity": now,
-            "experiments_submitted": 0,
-            "restarts": [],
-            "restarts_total": 0,
-            "sessions": [],
-            "cost_usd": 0.0,
-            "api": None,  # while the model API is down: since, failures, next_try_at, last_error
-            "api_outages": [],
-            "error": None,
-            "stop_reason": None,
-        }
-        write_state(self.lab_dir, self.state)
         reason: str | None = None
         with Lab.open(self.lab_dir) as lab:
+            self._ledger = lab.ledger
+            now = time.time()
+            lab.ledger.start_agent_run(
+                AgentRun(
+                    pid=os.getpid(),
+                    status="running",
+                    agent=self.command.name,
+                    cli=self.command.cli,
+                    command=self.command.argv,
+                    limits=asdict(self.limits),
+                    started_at=now,
+                    updated_at=now,
+                    lab=str(self.lab_dir),
+                    last_activity=now,
+                )
+            )
+            self.state = lab.ledger.agent_run()
             self._cursor = self._last_event_id(lab)
             try:
                 while True:
@@ -200,35 +191,37 @@ class Supervisor:
                     if end.final:
                         return self._finish(end.reason)
                     reason = end.reason
-                    self.log(f"session {self.state['session']} ended ({end.reason}); restarting")
+                    self.log(f"session {self.state.session} ended ({end.reason}); restarting")
             except BaseException:
                 self._finish("error")
                 raise
 
+    def _save(self, *, add: dict[str, float] | None = None, **fields: Any) -> None:
+        """Change the run's record in one ledger transaction and keep what it is now."""
+        self.state = self._ledger.update_agent_run(add=add, **fields)
+
     def _finish(self, reason: str) -> str:
-        self.state.update(status="stopped", stop_reason=reason, agent_pid=None, updated_at=time.time())
-        write_state(self.lab_dir, self.state)
+        self._save(status="stopped", stop_reason=reason, agent_pid=None, updated_at=time.time())
         self.log(f"supervisor stopped: {reason}")
         return reason
 
     def _count_restart(self) -> str | None:
         now = time.time()
-        recent = [t for t in self.state["restarts"] if now - t < 3600]
+        recent = [t for t in self.state.restarts if now - t < 3600]
         if len(recent) >= self.limits.max_restarts_per_hour:
             return "max-restarts-per-hour"
-        self.state["restarts"] = [*recent, now]
-        self.state["restarts_total"] += 1
+        self._save(restarts=[*recent, now], add={"restarts_total": 1})
         return None
 
     def _limit_reached(self) -> str | None:
         if self._stop.is_set():
             return "stopped"
         lim = self.limits
-        if lim.max_hours is not None and time.time() - self.state["started_at"] >= lim.max_hours * 3600:
+        if lim.max_hours is not None and time.time() - self.state.started_at >= lim.max_hours * 3600:
             return "max-hours"
-        if lim.max_experiments is not None and self.state["experiments_submitted"] >= lim.max_experiments:
+        if lim.max_experiments is not None and self.state.experiments_submitted >= lim.max_experiments:
             return "max-experiments"
-        if lim.max_cost is not None and self.state["cost_usd"] >= lim.max_cost:
+        if lim.max_cost is not None and self.state.cost_usd >= lim.max_cost:
             return "max-cost"
         return None
 
@@ -237,36 +230,36 @@ class Supervisor:
     def _api_failed(self, report: SessionReport, session_started: float) -> None:
         """Record a session lost to the model API and schedule the next try (capped doubling)."""
         now = time.time()
-        api = self.state["api"] or {"since": session_started, "failures": 0}
+        api = dict(self.state.api or {"since": session_started, "failures": 0})
         api["failures"] += 1
         delay = min(self.limits.api_backoff_max, self.limits.api_backoff * 2 ** (api["failures"] - 1))
         api.update(delay=delay, next_try_at=now + delay, last_error=report.error, status=report.api_status)
-        self.state["api"] = api
+        self._save(api=api)
         self.log(
             f"API unavailable since {clock(api['since'])} ({report.error or 'no detail'}); "
             f"next try at {clock(api['next_try_at'])} (in {delay:.0f} s)"
         )
 
     def _api_back(self) -> None:
-        api = self.state["api"]
+        api = self.state.api
         if api is None:
             return
         now = time.time()
-        self.state["api_outages"].append({"since": api["since"], "until": now, "failures": api["failures"]})
-        self.state["api"] = None
+        outage = {"since": api["since"], "until": now, "failures": api["failures"]}
+        self._save(api=None, api_outages=[*self.state.api_outages, outage])
         self.log(f"API available again after {now - api['since']:.0f} s ({api['failures']} failed sessions)")
 
     def _back_off(self, lab) -> str | None:
         """Wait until the next try, still counting submissions and obeying stop requests and limits."""
         written = 0.0
-        while (left := self.state["api"]["next_try_at"] - time.time()) > 0:
+        while (left := self.state.api["next_try_at"] - time.time()) > 0:
             stop = self._limit_reached()
             if stop is not None:
                 return stop
             self._count_submissions(lab)
             if time.time() - written >= STATE_EVERY:
-                self.state["updated_at"] = written = time.time()
-                write_state(self.lab_dir, self.state)
+                written = time.time()
+                self._save(updated_at=written)
             self._stop.wait(min(self.poll, left))
         return self._limit_reached()
 
@@ -286,10 +279,10 @@ class Supervisor:
         lim = self.limits
         hours = None
         if lim.max_hours is not None:
-            hours = max(0.0, lim.max_hours - (time.time() - self.state["started_at"]) / 3600)
+            hours = max(0.0, lim.max_hours - (time.time() - self.state.started_at) / 3600)
         left = None
         if lim.max_experiments is not None:
-            left = max(0, lim.max_experiments - self.state["experiments_submitted"])
+            left = max(0, lim.max_experiments - self.state.experiments_submitted)
         return Budget(hours_left=hours, experiments_left=left)
 
     def _argv(self, prompt_path: Path) -> list[str]:
@@ -300,7 +293,7 @@ class Supervisor:
             and "--max-budget-usd" not in argv
         ):
             # Claude Code stops itself at what is left of the cap, so a long session cannot overrun it
-            left = max(0.0, self.limits.max_cost - self.state["cost_usd"])
+            left = max(0.0, self.limits.max_cost - self.state.cost_usd)
             argv[1:1] = ["--max-budget-usd", f"{left:.4f}"]
         return argv
 
@@ -347,7 +340,7 @@ class Supervisor:
         except OSError as e:
             raise NightlabError(f"cannot start agent `{argv[0]}`: {e}; check `--agent`") from e
         started = time.time()
-        self.state.update(
+        self._save(
             session=n,
             agent_pid=proc.pid,
             session_started_at=started,
@@ -356,7 +349,6 @@ class Supervisor:
             last_activity=started,
             updated_at=started,
         )
-        write_state(self.lab_dir, self.state)
         self.log(f"session {n} started: {self.command.name} (pid {proc.pid}), transcript {transcript}")
         try:
             end = self._watch(lab, proc, transcript)
@@ -366,7 +358,6 @@ class Supervisor:
         end = self._settle(end, transcript, started)
         report = end.report or read_transcript(transcript)
         cost = report.cost_usd(self.prices)
-        self.state["cost_usd"] += cost or 0.0
         session = {
             "n": n,
             "started_at": started,
@@ -383,18 +374,17 @@ class Supervisor:
             "last_message": report.last_message,
             "error": report.error,
         }
-        self.state["sessions"].append(session)
+        lab.ledger.add_agent_session(session)
         lab.ledger.log_event(
             "agent-session",
-            run_started_at=self.state["started_at"],
+            run_started_at=self.state.started_at,
             agent=self.command.name,
             cli=self.command.cli,
             **{k: session[k] for k in ("n", "started_at", "ended_at", "end", "cost_usd")},
             input_tokens=report.input_tokens,
             output_tokens=report.output_tokens,
         )
-        self.state.update(agent_pid=None, updated_at=time.time())
-        write_state(self.lab_dir, self.state)
+        self._save(agent_pid=None, updated_at=time.time(), add={"cost_usd": cost or 0.0})
         return end
 
     def _settle(self, end: SessionEnd, transcript: Path, started: float) -> SessionEnd:
@@ -424,8 +414,9 @@ class Supervisor:
             and report.cli is None
             and time.time() - started < START_FAILURE_SECONDS
         ):
-            self.state["error"] = self._start_failure(code, tail)
-            self.log(self.state["error"])
+            error = self._start_failure(code, tail)
+            self._save(error=error)
+            self.log(error)
             return SessionEnd("failed-at-start", True, code, report)
         return SessionEnd(f"exit {code}", False, code, report)
 
@@ -443,6 +434,7 @@ class Supervisor:
     def _watch(self, lab, proc: subprocess.Popen, transcript: Path) -> SessionEnd:
         size = 0
         written = time.time()
+        activity = self.state.last_activity
         while True:
             code = proc.poll()
             self._count_submissions(lab)
@@ -457,15 +449,14 @@ class Supervisor:
             except FileNotFoundError:
                 current = 0
             if current != size:
-                size = current
-                self.state["last_activity"] = now
-                if self.state["api"] is not None and read_transcript(transcript).turns > 0:
+                size, activity = current, now
+                if self.state.api is not None and read_transcript(transcript).turns > 0:
                     self._api_back()  # the model answered: the outage is over
-            if now - self.state["last_activity"] > self.limits.stall_seconds:
+            activity = max(activity, self.state.last_activity)  # a submission counts too
+            if now - activity > self.limits.stall_seconds:
                 return SessionEnd("stall", False, None)
-            if now - written >= STATE_EVERY or self.state["updated_at"] < self.state["last_activity"]:
-                self.state["updated_at"] = now
-                write_state(self.lab_dir, self.state)
+            if now - written >= STATE_EVERY or self.state.last_activity < activity:
+                self._save(updated_at=now, last_activity=activity)
                 written = now
             # returns as soon as the agent exits; a stop request waits at most one poll
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -487,8 +478,7 @@ class Supervisor:
         self._cursor = events[-1].id
         submitted = sum(1 for e in events if e.kind == "submit")
         if submitted:
-            self.state["experiments_submitted"] += submitted
-            self.state["last_activity"] = time.time()
+            self._save(add={"experiments_submitted": submitted}, last_activity=time.time())
 
     def _kill(self, proc: subprocess.Popen) -> None:
         """Stop the agent's whole process group (SIGTERM, SIGKILL after the grace period).

@@ -23,6 +23,7 @@ from nightlab.ledger._base import BaseLedger
 from nightlab.ledger._ledger import Ledger, open_ledger
 from nightlab.ledger._readonly import ReadOnlyLedger
 from nightlab.ledger._rows import (
+    AgentRun,
     Attempt,
     ControllerRecord,
     Event,
@@ -38,6 +39,7 @@ from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "AgentRun",
     "Attempt",
     "BaseLedger",
     "ControllerRecord",

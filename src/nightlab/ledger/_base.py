@@ -17,6 +17,7 @@ from typing import Any
 from nightlab import integrity
 from nightlab.errors import LedgerError, UnknownExperimentError
 from nightlab.ledger._rows import (
+    AgentRun,
     Attempt,
     ControllerRecord,
     Event,
@@ -25,6 +26,7 @@ from nightlab.ledger._rows import (
     SearchProgress,
     Wave,
     Worker,
+    _to_agent_run,
     _to_attempt,
     _to_controller,
     _to_event,
@@ -272,6 +274,13 @@ class BaseLedger(ABC):
 
     def workers(self) -> list[Worker]:
         return [_to_worker(r) for r in self._query("SELECT * FROM workers ORDER BY name")]
+
+    def agent_run(self) -> AgentRun | None:
+        """The agent supervisor's run, with its sessions; None when no supervisor ran (or imported)."""
+        rows = self._query("SELECT * FROM agent_run WHERE id = 1")
+        if not rows:
+            return None
+        return _to_agent_run(rows[0], self._query("SELECT data FROM agent_sessions ORDER BY n"))
 
     def controller(self) -> ControllerRecord | None:
         rows = self._query("SELECT * FROM controller WHERE id = 1")

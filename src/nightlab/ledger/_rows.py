@@ -311,3 +311,61 @@ def _to_event(row: sqlite3.Row) -> Event:
         worker=row["worker"],
         data=json.loads(row["data"]),
     )
+
+
+# The agent supervisor's record: which columns hold JSON, and which are counters that
+# `Ledger.update_agent_run(add=...)` increments in SQL (never read, added to and written back).
+AGENT_RUN_JSON = ("command", "limits", "restarts", "api", "api_outages")
+AGENT_RUN_COUNTERS = ("experiments_submitted", "restarts_total", "cost_usd")
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    """The lab's agent supervisor run (the current or the last one): `nightlab agent status`'s source.
+
+    One row. The supervisor writes it only through `Ledger.start_agent_run`, `update_agent_run`
+    (fields set and counters added in one `BEGIN IMMEDIATE` transaction) and `add_agent_session`,
+    so a second writer's change is never lost to a read-then-write.
+    """
+
+    pid: int
+    status: str  # running | stopped (`agent.control.status` adds `dead` for a killed one)
+    agent: str
+    cli: str | None
+    command: tuple[str, ...]
+    limits: dict[str, Any]
+    started_at: float
+    updated_at: float
+    lab: str = ""
+    session: int | None = None
+    agent_pid: int | None = None
+    session_started_at: float | None = None
+    transcript: str | None = None
+    prompt: str | None = None
+    last_activity: float = 0.0
+    experiments_submitted: int = 0
+    restarts: tuple[float, ...] = ()  # restart times within the last hour
+    restarts_total: int = 0
+    cost_usd: float = 0.0
+    api: dict[str, Any] | None = None  # while the model API is down: since, failures, next_try_at, ...
+    api_outages: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+    stop_reason: str | None = None
+    sessions: tuple[dict[str, Any], ...] = ()  # one per finished session, in order
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as the `nightlab agent status --json` document's keys (lists, not tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+def _to_agent_run(row: sqlite3.Row, sessions: list[sqlite3.Row]) -> AgentRun:
+    values: dict[str, Any] = {}
+    for key in row.keys():  # noqa: SIM118 - iterating a sqlite3.Row yields its values
+        if key == "id":
+            continue
+        value = row[key]
+        if key in AGENT_RUN_JSON and value is not None:
+            value = json.loads(value)
+            value = tuple(value) if isinstance(value, list) else value
+        values[key] = value
+    return AgentRun(**values, sessions=tuple(json.loads(r["data"]) for r in sessions))

@@ -6,7 +6,7 @@ A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATI
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
 # append a new one and a test that upgrades a committed ledger of the old version.
@@ -132,5 +132,37 @@ MIGRATIONS: list[str] = [
         COALESCE(json_extract(spec, '$.search.settled'), 0)
     FROM waves WHERE json_type(spec, '$.search') = 'object';
     UPDATE waves SET spec = json_remove(spec, '$.search') WHERE json_type(spec, '$.search') = 'object';
+    """,
+    # v4 (issue 12): the agent supervisor's run, a typed record changed in one transaction
+    # (it was `.nightlab/agent/state.json`, rewritten whole; imported once by `agent.control`),
+    # and its sessions, one row each
+    """
+    CREATE TABLE agent_run (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        pid INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        cli TEXT,
+        command TEXT NOT NULL DEFAULT '[]',
+        limits TEXT NOT NULL DEFAULT '{}',
+        started_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        lab TEXT NOT NULL DEFAULT '',
+        session INTEGER,
+        agent_pid INTEGER,
+        session_started_at REAL,
+        transcript TEXT,
+        prompt TEXT,
+        last_activity REAL NOT NULL DEFAULT 0,
+        experiments_submitted INTEGER NOT NULL DEFAULT 0,
+        restarts TEXT NOT NULL DEFAULT '[]',
+        restarts_total INTEGER NOT NULL DEFAULT 0,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        api TEXT,
+        api_outages TEXT NOT NULL DEFAULT '[]',
+        error TEXT,
+        stop_reason TEXT
+    );
+    CREATE TABLE agent_sessions (n INTEGER PRIMARY KEY, data TEXT NOT NULL);
     """,
 ]

@@ -47,7 +47,7 @@ def agent_state(lab_dir: Path) -> dict[str, Any]:
     if not agent_dir.is_dir():
         return out
     try:
-        status = control.status(lab_dir)
+        status = control.status(lab_dir, import_old=False)  # the dashboard changes nothing
     except NightlabError as e:  # a state.json someone else broke
         out.update(present=True, error=str(e))
         return out
