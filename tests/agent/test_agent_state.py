@@ -125,7 +125,8 @@ def test_two_processes_writing_at_once_lose_nothing(ledger, tmp_path):
     n = 60
     path = str(tmp_path / ".nightlab" / "ledger.db")
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, path, role, str(n)]) for role in ("counter", "sessions")
+        subprocess.Popen([sys.executable, "-c", WRITER, path, role, str(n)])
+        for role in ("counter", "sessions")
     ]
     try:
         assert [w.wait(timeout=120) for w in writers] == [0, 0]
