@@ -126,35 +126,35 @@ def test_a_full_context_restarts_with_a_fresh_prompt(cli, make_lab, bins, net, t
     assert server.problems == []
 
 
-STALLS = 2  # streams that send their headers and then nothing
-
-
 @pytest.mark.parametrize("cli", CLIS)
-def test_a_stream_that_stalls_after_its_headers_is_given_up_by_the_cli_and_the_run_goes_on(
+def test_a_stream_that_stalls_after_its_headers_ends_in_the_cli_or_at_the_watchdog(
     cli, make_lab, bins, net, tmp_path
 ):
-    """The server answers 200 and `text/event-stream`, then sends nothing: each CLI's own idle
-    timeout (Claude Code `API_TIMEOUT_MS`, Codex `stream_idle_timeout_ms`, both 3 s here) ends
-    the request. Whether the CLI's retry recovers inside the session or the session ends as an
-    API failure and is waited out, the supervisor's watchdog (60 s) is never needed and the
-    stalls cost no restart."""
+    """The server answers 200 and `text/event-stream`, then sends nothing.
+
+    Codex gives the stream up after its provider's `stream_idle_timeout_ms` (3 s here), retries
+    and goes on in the same session: no watchdog kill, no restart. Claude Code 2.1.332 does not
+    (measured: with `API_TIMEOUT_MS=3000` it still waited 60 s and more), so the supervisor's own
+    watchdog kills it after `--stall-seconds` and the next session goes on.
+    """
     lab = make_lab(slots=1)
-    agent_toml(lab, "api_backoff_seconds = 1\napi_backoff_max_seconds = 2\n")
     with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:
-        server.fail("stall", STALLS)
+        server.fail("stall", 1)
         env = cli_env(cli, server.url, tmp_path / "home", bins)
-        if cli == "claude":
-            env["API_TIMEOUT_MS"] = "3000"
+        env["API_TIMEOUT_MS"] = "3000"  # Claude Code's request timeout: it does not end this stall
         start = time.time()
-        proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "1", "--stall-seconds", "60")
+        proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "1", "--stall-seconds", "8")
         code, out, err = finish(proc, timeout=120)
     assert code == 0 and out == "max-experiments\n", err
-    assert [r.answered for r in server.requests][:STALLS] == ["stall"] * STALLS
-    assert "nightlab submit -m 'lr 0.02' --set LR=0.02 --json" in [r.answered for r in server.requests]
+    answered = [r.answered for r in server.requests]
+    assert answered[0] == "stall" and "nightlab submit -m 'lr 0.02' --set LR=0.02 --json" in answered
     st = state(lab)
     ends = [s["end"] for s in st["sessions"]]
-    assert "stall" not in ends  # the CLI's own timeout acted, well before the watchdog's 60 s
-    assert set(ends[:-1]) <= {"api-error"} and st["restarts_total"] == 0, ends
+    if cli == "codex":
+        assert "stall" not in ends and st["restarts_total"] == 0, ends
+        assert len(ends) == 1  # recovered inside its session
+    else:
+        assert ends[0] == "stall" and "stall" not in ends[1:] and st["restarts_total"] == 1, ends
     assert time.time() - start < 60
     assert server.problems == []
 

@@ -49,7 +49,14 @@ from typing import Any
 
 from nightlab.agent.commands import CLAUDE_SANDBOX_ENV, CLAUDE_UNATTENDED_FLAG, AgentCommand
 from nightlab.agent.control import agent_dir, process, running_pid
-from nightlab.agent.transcripts import SessionReport, TokenPrices, context_full, read_transcript
+from nightlab.agent.transcripts import (
+    SessionReport,
+    TokenPrices,
+    codex_rollout,
+    context_full,
+    read_transcript,
+    rollout_tokens,
+)
 from nightlab.config import AgentConfig
 from nightlab.display import clock
 from nightlab.errors import NightlabError
@@ -113,6 +120,8 @@ class Supervisor:
         self.stopped_by: int | None = None  # the signal that asked the run to stop, if one did
         self.state: AgentRun | None = None  # the run's record as the ledger last returned it
         self._ledger = None  # the lab's ledger while `run` runs
+        self._spent: tuple[int, int, int] | None = None  # the running session's tokens, as Codex counts them
+        self._rollout: Path | None = None
 
     def request_stop(self, signum: int | None = None, *_: object) -> None:
         """Stop the agent and the run (signal-handler safe); `stopped_by` keeps the signal."""
@@ -221,9 +230,23 @@ class Supervisor:
             return "max-hours"
         if lim.max_experiments is not None and self.state.experiments_submitted >= lim.max_experiments:
             return "max-experiments"
-        if lim.max_cost is not None and self.state.cost_usd >= lim.max_cost:
+        if lim.max_cost is not None and self.state.cost_usd + self._running_cost() >= lim.max_cost:
             return "max-cost"
         return None
+
+    def _running_cost(self) -> float:
+        """What the running session has cost so far (Codex's rollout; 0 where the CLI stops itself)."""
+        return self.prices.cost(*self._spent) if self._spent else 0.0
+
+    def _follow_tokens(self, env: dict[str, str], started: float) -> None:
+        """Codex: read the session's running token count from its rollout (see `transcripts`)."""
+        if self.command.cli != "codex":
+            return
+        if self._rollout is None:
+            home = Path(env.get("CODEX_HOME") or Path(env.get("HOME", "~")).expanduser() / ".codex")
+            self._rollout = codex_rollout(home, self.lab_dir, started)
+        if self._rollout is not None:
+            self._spent = rollout_tokens(self._rollout) or self._spent
 
     # -------------------------------------------------------------- API outages
 
@@ -340,6 +363,7 @@ class Supervisor:
         except OSError as e:
             raise NightlabError(f"cannot start agent `{argv[0]}`: {e}; check `--agent`") from e
         started = time.time()
+        self._spent, self._rollout = None, None
         self._save(
             session=n,
             agent_pid=proc.pid,
@@ -351,13 +375,20 @@ class Supervisor:
         )
         self.log(f"session {n} started: {self.command.name} (pid {proc.pid}), transcript {transcript}")
         try:
-            end = self._watch(lab, proc, transcript)
+            end = self._watch(lab, proc, transcript, lambda: self._follow_tokens(env, started))
         finally:
             self._kill(proc)
         self._count_submissions(lab)
         end = self._settle(end, transcript, started)
         report = end.report or read_transcript(transcript)
-        cost = report.cost_usd(self.prices)
+        self._follow_tokens(env, started)
+        if self._spent and not report.finished:
+            # killed mid-turn (the cap, a stall): the transcript never got its `turn.completed`
+            tokens, cost = self._spent, self._running_cost()
+        else:
+            tokens = (report.input_tokens, report.cached_input_tokens, report.output_tokens)
+            cost = report.cost_usd(self.prices)
+        self._spent = None
         session = {
             "n": n,
             "started_at": started,
@@ -367,9 +398,9 @@ class Supervisor:
             "cost_usd": cost,
             "turns": report.turns,
             "commands": report.commands,
-            "input_tokens": report.input_tokens,
-            "cached_input_tokens": report.cached_input_tokens,
-            "output_tokens": report.output_tokens,
+            "input_tokens": tokens[0],
+            "cached_input_tokens": tokens[1],
+            "output_tokens": tokens[2],
             "last_command": report.last_command,
             "last_message": report.last_message,
             "error": report.error,
@@ -381,8 +412,8 @@ class Supervisor:
             agent=self.command.name,
             cli=self.command.cli,
             **{k: session[k] for k in ("n", "started_at", "ended_at", "end", "cost_usd")},
-            input_tokens=report.input_tokens,
-            output_tokens=report.output_tokens,
+            input_tokens=tokens[0],
+            output_tokens=tokens[2],
         )
         self._save(agent_pid=None, updated_at=time.time(), add={"cost_usd": cost or 0.0})
         return end
@@ -431,7 +462,7 @@ class Supervisor:
             )
         return f"`{self.command.cli}` exited at start (code {code}) without a transcript: {last}; {hint}"
 
-    def _watch(self, lab, proc: subprocess.Popen, transcript: Path) -> SessionEnd:
+    def _watch(self, lab, proc: subprocess.Popen, transcript: Path, follow: Callable[[], None]) -> SessionEnd:
         size = 0
         written = time.time()
         activity = self.state.last_activity
@@ -450,6 +481,7 @@ class Supervisor:
                 current = 0
             if current != size:
                 size, activity = current, now
+                follow()  # the session's cost so far, for the cap
                 if self.state.api is not None and read_transcript(transcript).turns > 0:
                     self._api_back()  # the model answered: the outage is over
             activity = max(activity, self.state.last_activity)  # a submission counts too

@@ -13,6 +13,15 @@ failed; only `is_error` and `terminal_reason` tell. Codex names no HTTP status w
 up ("exceeded retry limit, last status: 429", or "We're currently experiencing high demand"
 after 5xx): every `turn.failed` that is not a full context is an API failure.
 
+Codex's running token count: its `--json` transcript has tokens only at the end of a turn
+(`turn.completed`), and one `codex exec` is one turn, so a cost cap checked there could be
+overrun by a whole session. Its rollout file (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`)
+has an `event_msg` of type `token_count` after every model reply with the running
+`info.total_token_usage` (measured on Codex 0.171.0), so `codex_rollout` + `rollout_tokens` read
+it while the session runs. The rollout names none of the ids the transcript shows
+(`thread.started` has another), so a session's file is the newest one whose `session_meta` has
+the lab as `cwd`, written since the session started (one supervisor per lab).
+
 `failure` is one of `FAILURES`: `api` (the model API was unreachable or refused: back off),
 `context` (the context window is full: restart fresh), `max-turns`, or None (the turn ended
 normally, or the transcript does not say).
@@ -223,3 +232,56 @@ def read_transcript(path: Path) -> SessionReport:
 def context_full(tail: str) -> bool:
     """Whether free text (a custom agent's last output) reports a full context window."""
     return bool(_CONTEXT.search(tail))
+
+
+ROLLOUT_TAIL = 1 << 20  # bytes read from the end of a rollout: its last `token_count` is near the end
+
+
+def codex_rollout(codex_home: Path, cwd: Path, since: float) -> Path | None:
+    """The rollout file of the Codex session started in `cwd` at or after `since`, or None yet."""
+    found: list[tuple[float, Path]] = []
+    for path in codex_home.glob("sessions/*/*/*/rollout-*.jsonl"):
+        try:
+            if path.stat().st_mtime < since - 1.0:
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                meta = json.loads(f.readline())
+        except (OSError, json.JSONDecodeError):
+            continue
+        payload = meta.get("payload") if isinstance(meta, dict) else None
+        if (
+            meta.get("type") == "session_meta"
+            and isinstance(payload, dict)
+            and payload.get("cwd") == str(cwd)
+        ):
+            found.append((path.stat().st_mtime, path))
+    return max(found)[1] if found else None
+
+
+def rollout_tokens(path: Path) -> tuple[int, int, int] | None:
+    """(input, cached input, output) tokens so far from a rollout's last `token_count`, or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - ROLLOUT_TAIL))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if '"token_count"' not in line:
+            continue
+        try:
+            payload = json.loads(line).get("payload") or {}
+        except json.JSONDecodeError:
+            continue  # the first line of the tail, cut in half
+        usage = (
+            (payload.get("info") or {}).get("total_token_usage")
+            if payload.get("type") == "token_count"
+            else None
+        )
+        if usage:
+            return (
+                int(usage.get("input_tokens") or 0),
+                int(usage.get("cached_input_tokens") or 0),
+                int(usage.get("output_tokens") or 0),
+            )
+    return None
