@@ -34,6 +34,7 @@ from nightlab.config import load_config
 from nightlab.fleet.controller import Controller
 from nightlab.fleet.costs import worker_costs
 from nightlab.fleet.skypilot import SkyPilotBackend, core, fleet_up, skypilot_slots
+from nightlab.judge import Judge
 from nightlab.lab import InitOptions, Lab, init_lab
 from nightlab.ledger import ExperimentStatus, open_ledger
 from nightlab.testing.fake_sky import FakeSky
@@ -123,7 +124,12 @@ def run_fleet(
         def serve() -> None:
             with open_ledger(lab) as ledger:
                 holder["controller"] = Controller(
-                    lab, config, ledger, slots=slots, backends={"skypilot": backend}
+                    lab,
+                    config,
+                    ledger,
+                    slots=slots,
+                    backends={"skypilot": backend},
+                    policy=Judge(ledger, config, lab),
                 )
                 holder["controller"].run()
 

@@ -334,6 +334,7 @@ def bench_big_ledger(root: Path, sizes: list[int], rows: list) -> None:
     from nightlab import backup
     from nightlab.config import load_lab_config
     from nightlab.fleet.controller import Controller, build_slots
+    from nightlab.judge import Judge
     from nightlab.ledger import open_ledger
     from nightlab.web import create_app
 
@@ -392,7 +393,9 @@ def bench_big_ledger(root: Path, sizes: list[int], rows: list) -> None:
                 )
                 config = load_lab_config(lab).config
                 slots, backends = build_slots(config, lab_dir=lab)
-                controller = Controller(lab, config, ledger, slots=slots, backends=backends)
+                controller = Controller(
+                    lab, config, ledger, slots=slots, backends=backends, policy=Judge(ledger, config, lab)
+                )
                 ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
                 t0 = time.perf_counter()
                 controller._poll_active()

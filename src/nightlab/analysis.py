@@ -1,10 +1,9 @@
-"""Per-tier figures, the noise floor and verdicts, computed from the ledger.
+"""Per-tier figures and the noise floor, computed from the ledger, and the rows `nightlab results` lists.
 
-The incumbent is the lab's HEAD; its figure on a tier is the mean of every ok run of
-HEAD's exact files on that tier. A candidate is judged only against the incumbent on the
-same tier (the same code scores differently on different hardware under a wall-clock
-budget), with the rule in `nightlab.search.decide`. Verdicts are stored on the
-experiments so that the CLI, reports and dashboard all show the same ones.
+The incumbent is the lab's HEAD (`identity.incumbent`); its figure on a tier is the mean of every
+ok run of HEAD's research identity on that tier. Verdicts are decided and written by
+`nightlab.judge` alone, with the figures from here; they are stored on the experiments so that
+the CLI, reports and dashboard all show the same ones.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nightlab import identity, snapshots
+from nightlab import identity
 from nightlab.config import LabConfig
-from nightlab.ledger import Experiment, ExperimentStatus, Ledger
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Verdict
 from nightlab.search.decide import Figure, pooled_sd
 
 
@@ -53,148 +52,11 @@ def baseline_figures(
     out: dict[str, Figure | None] = {}
     for t in tiers:
         mine = [e for e in experiments if e.tier == t]
-        first = min((e for e in mine if e.verdict == "baseline"), key=lambda e: e.seq, default=None)
+        first = min((e for e in mine if e.verdict == Verdict.BASELINE), key=lambda e: e.seq, default=None)
         out[t] = (
             None if first is None else figure(ok_values([e for e in mine if e.tree == first.tree], metric))
         )
     return out
-
-
-def incumbent_figure(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> Figure | None:
-    tree = identity.of(lab_dir, "HEAD")
-    return figure(ok_values(ledger.experiments(tree=tree, tier=tier), config.metric.name))
-
-
-def decide_tree(
-    ledger: Ledger,
-    config: LabConfig,
-    lab_dir: Path,
-    tree: str,
-    tier: str,
-    *,
-    extra: float | None = None,
-    z: float | None = None,
-):
-    """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable.
-
-    `extra` is a result of `tree` that is not in the ledger yet (the run being recorded);
-    `z` overrides `[search] z` (a wave's members use the z corrected for the wave's size).
-    """
-    from nightlab.search.decide import verdict
-
-    metric = config.metric.name
-    incumbent = ok_values(ledger.experiments(tree=identity.of(lab_dir, "HEAD"), tier=tier), metric)
-    candidate = ok_values(ledger.experiments(tree=tree, tier=tier), metric)
-    if extra is not None:
-        candidate.append(extra)
-    if not incumbent or not candidate:
-        return None
-    sigma, _ = noise_sigma(ledger, metric, tier, epoch=identity.epoch_key(config))
-    return verdict(
-        candidate,
-        incumbent,
-        noise_sigma=sigma,
-        z=config.search.z if z is None else z,
-        lower_is_better=config.metric.lower_is_better,
-    )
-
-
-def wave_z(ledger: Ledger, config: LabConfig, head_tree: str, wave: str | None) -> float:
-    """`[search] z`, raised for a wave's members by the Sidak correction for its candidate count.
-
-    A wave of m candidates is m comparisons against one incumbent: at an uncorrected z = 2 the
-    best of 8 null candidates is kept in 13 % of waves instead of 2.3 % (`search.decide`).
-    """
-    if wave is None:
-        return config.search.z
-    from nightlab.search.decide import adjusted_z
-
-    trees = {e.tree for e in ledger.experiments(wave=wave, with_metrics=False)} - {head_tree}
-    return adjusted_z(config.search.z, len(trees))
-
-
-def settle_hint(exp: Experiment, decision) -> str:
-    """One line telling how to settle a within-noise result: which repeats to run."""
-    repeats = getattr(decision, "repeats_to_settle", None)
-    if repeats is None:
-        return (
-            f"{exp.id} is within noise and the gain is too small to settle with a few runs; "
-            f"measure the noise floor with `nightlab noise --tier {exp.tier}` or treat it as no gain"
-        )
-    steps = [f'`nightlab submit --from {exp.id} --repeats {repeats.candidate} -m "repeat {exp.id}"`']
-    if repeats.incumbent:
-        steps.append(f"`nightlab noise --repeats {repeats.incumbent} --tier {exp.tier}`")
-    return f"{exp.id} is within noise: settle it with " + " and ".join(steps)
-
-
-def verdict_for(
-    ledger: Ledger, config: LabConfig, lab_dir: Path, exp: Experiment, outcome: str, value: float | None
-) -> str | None:
-    """The verdict a run of `exp` that ended with `outcome` and metric `value` earns now.
-
-    Computed before the run is recorded, so the verdict is stored in the same transaction
-    as the outcome and nobody ever sees a finished run without one.
-    """
-    if outcome == "cancelled":
-        return None
-    if outcome == "degraded":
-        return "degraded"  # starved or throttled: recorded, never judged (fleet/health.py)
-    if outcome != "ok":
-        return "invalid" if outcome == "invalid" else "crash"
-    if exp.tree == identity.of(lab_dir, "HEAD"):
-        # the incumbent's own runs: kept if it came from an adoption, else the starting point
-        adopted = any(e.adopted_at is not None for e in ledger.experiments(tree=exp.tree, with_metrics=False))
-        return "keep" if adopted else "baseline"
-    head_tree = identity.of(lab_dir, "HEAD")
-    z = wave_z(ledger, config, head_tree, exp.wave)
-    decision = decide_tree(ledger, config, lab_dir, exp.tree, exp.tier, extra=value, z=z)
-    return decision.verdict if decision is not None else None
-
-
-def judged_context(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> dict:
-    """What a verdict given now is judged against: the incumbent (commit, identity) and its figure."""
-    head = snapshots.head(lab_dir)
-    head_tree = identity.of(lab_dir, head)  # a commit hash: no second git call
-    f = figure(ok_values(ledger.experiments(tree=head_tree, tier=tier), config.metric.name))
-    return {
-        "incumbent": head,
-        "tree": head_tree,
-        "mean": f.mean if f else None,
-        "n": f.n if f else 0,
-    }
-
-
-def refresh_siblings(
-    ledger: Ledger, exp: Experiment, verdict: str | None, *, judged: dict | None = None
-) -> None:
-    """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now."""
-    for other in ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
-        if other.id != exp.id and other.ok and other.verdict != verdict:
-            ledger.set_verdict(other.id, verdict, judged=judged)
-
-
-def refresh_pending(ledger: Ledger, config: LabConfig, lab_dir: Path, tier: str) -> None:
-    """Re-judge the incumbent's candidates on `tier` whose verdict was recorded before it could be.
-
-    A run that ended before the incumbent had a figure on its tier has no verdict, and one judged
-    before the tier had a noise floor is `within-noise` by default. The controller calls this when
-    a run of the incumbent ends (its figure and the noise floor just moved): every snapshot derived
-    from the incumbent (its parent is HEAD) with such a verdict gets the one its runs earn now.
-    """
-    head_tree = identity.of(lab_dir, "HEAD")
-    seen: set[str] = set()
-    candidates = ledger.experiments(
-        status=ExperimentStatus.FINISHED, tier=tier, parent=snapshots.head(lab_dir), with_metrics=False
-    )
-    for e in candidates:
-        if e.tree in seen or e.tree == head_tree or not e.ok or e.verdict not in (None, "within-noise"):
-            continue
-        seen.add(e.tree)
-        new = verdict_for(ledger, config, lab_dir, e, "ok", None)
-        if new is not None and new != e.verdict:
-            judged = judged_context(ledger, config, lab_dir, tier)
-            ledger.set_verdict(e.id, new, judged=judged)
-            refresh_siblings(ledger, e, new, judged=judged)
 
 
 @dataclass(frozen=True)
@@ -235,7 +97,7 @@ def results(
     """
     metric = config.metric.name
     exps = ledger.experiments(tier=tier)
-    head_tree = identity.of(lab_dir, "HEAD")
+    head_tree = identity.incumbent(lab_dir).tree
     tiers = sorted({e.tier for e in exps} | ({tier} if tier else set()))
     incumbents = {
         t: figure(ok_values([e for e in exps if e.tree == head_tree and e.tier == t], metric)) for t in tiers

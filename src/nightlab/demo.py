@@ -237,9 +237,7 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
         say("[5/6] deciding: keep only a gain beyond the noise")
         adopted = False
         if best is not None and best.verdict == "within-noise":
-            from nightlab.analysis import decide_tree
-
-            decision = decide_tree(lab.ledger, lab.config, lab.path, best.tree, best.tier)
+            decision = lab.judge().decision(best.tree, best.tier)
             wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
             n = min(MAX_SETTLE_REPEATS, wanted or MAX_SETTLE_REPEATS)
             say(f"      {best.id} is within the noise: {n} more runs to settle it")
@@ -283,8 +281,7 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
 def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bool) -> dict[str, Any]:
     """The figures of the story: every variant of the wave, the noise, the winner's margin, the diff."""
     from nightlab import snapshots
-    from nightlab.analysis import figure, noise_sigma, ok_values, wave_z
-    from nightlab.search.decide import verdict
+    from nightlab.analysis import figure, noise_sigma, ok_values
     from nightlab.waves import wave_points
 
     metric = lab.config.metric.name
@@ -321,14 +318,12 @@ def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bo
     best_fig = figure(ok_values(lab.ledger.experiments(tree=best.tree, tier=tier), metric))
     if best_fig is None:
         return out
-    z_needed = wave_z(lab.ledger, lab.config, base_tree, wave_id)
-    decision = verdict(
-        ok_values(lab.ledger.experiments(tree=best.tree, tier=tier), metric),
-        ok_values(lab.ledger.experiments(tree=base_tree, tier=tier), metric),
-        noise_sigma=sigma,
-        z=z_needed,
-        lower_is_better=lab.config.metric.lower_is_better,
-    )
+    from nightlab.identity import Incumbent
+
+    # judged against the baseline, which an adoption has just replaced as the incumbent
+    judge, baseline = lab.judge(), Incumbent(lab.ledger.wave(wave_id).base_snapshot, base_tree)
+    z_needed = judge.z_for(best.tree, tier, base_tree)
+    decision = judge.decision(best.tree, tier, inc=baseline)
     out.update(
         best_mean=best_fig.mean,
         best_runs=best_fig.n,

@@ -1,6 +1,6 @@
 """Exceptions. Everything nightlab raises on purpose derives from `NightlabError`.
 
-Each error carries the process exit code the CLI uses (DESIGN.md): 1 when an operation
+Each error carries the process exit code the CLI uses (README, "Commands"): 1 when an operation
 failed, 2 for bad usage or bad input. Messages are one line, name the offending value in
 backticks and say what to do next.
 """

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,25 @@ def of(lab_dir: Path, rev: str = "HEAD", *, config: LabConfig | None = None) -> 
     if config is None:
         config = _config_of(lab_dir, commit)
     return _key(_files_of(lab_dir, commit, config.target.editable), config)
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The lab's incumbent: its commit (HEAD) and its research identity (what its runs are keyed on)."""
+
+    commit: str
+    tree: str
+
+
+def incumbent(lab_dir: Path) -> Incumbent:
+    """The incumbent now, with one git process (`rev-parse HEAD`); the identity of a commit is cached.
+
+    Every caller that needs HEAD or its identity asks this: an operation that reads the incumbent
+    once and passes it on judges every run against the same one, even if HEAD moves meanwhile.
+    """
+    lab_dir = Path(lab_dir)
+    commit = snapshots.head(lab_dir)
+    return Incumbent(commit, of(lab_dir, commit))
 
 
 def rekey(lab_dir: Path, ledger: Any) -> int:

@@ -1,5 +1,7 @@
 """The lab: a git repository where research happens, and the API the CLI is a thin layer over.
 
+Creating one (`init_lab`, `InitOptions`) lives in `nightlab.lab_init`; it is re-exported here.
+
     lab = Lab.open()                                   # the lab containing the cwd
     [e] = lab.submit("lr 0.02", sets={"MATRIX_LR": "0.02"})
     lab.wait([e.id], timeout=900)
@@ -12,17 +14,13 @@ runs. `adopt` makes a snapshot the incumbent: its files are committed on the lab
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab import identity, snapshots
-from nightlab.config import CONFIG_NAME, FOREIGN_TIMEOUT, LabConfig, load_lab_config
+from nightlab.config import CONFIG_NAME, LabConfig, load_lab_config
 from nightlab.errors import (
     DuplicateExperimentError,
     NightlabError,
@@ -32,218 +30,13 @@ from nightlab.errors import (
     closest_first,
     did_you_mean,
 )
-from nightlab.ledger import Experiment, ExperimentStatus, Ledger, NewExperiment, open_ledger
+from nightlab.lab_init import GENERATED, STATE_DIR, InitOptions, init_lab
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger, NewExperiment, Source, Verdict, open_ledger
 
-STATE_DIR = ".nightlab"
-_COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "venv", "__pycache__", ".nightlab", "*.pyc", ".DS_Store"
-)
+if TYPE_CHECKING:
+    from nightlab.judge import Judge
 
-
-@dataclass(frozen=True)
-class InitOptions:
-    """What `nightlab init` was asked for; None means 'choose the default'."""
-
-    target: Path | None = None
-    command: str | None = None
-    metric: str = "val_bpb"
-    lower_is_better: bool = True
-    cpu_slots: int | None = None
-    editable: tuple[str, ...] | None = None
-    timeout: float | None = None
-    profile: str | None = None
-    budget: float | None = None
-    dataset: str | None = None
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
-
-
-def _render_config(
-    *,
-    command: str,
-    editable: tuple[str, ...],
-    timeout: float,
-    metric: str,
-    lower_is_better: bool,
-    builtin: bool,
-    tier: str,
-    pool_lines: list[str],
-    profile: dict[str, Any] | None,
-) -> str:
-    lines = [
-        "# nightlab lab configuration. See the README, section 'Configuration'.",
-        "",
-        "[target]",
-        f"command = {_toml_str(command)}  # run inside each materialised snapshot",
-        f"editable = [{', '.join(_toml_str(e) for e in editable)}]  # files a snapshot takes from the working tree",
-        f"timeout = {timeout:g}  # hard limit in seconds: the run's process group is killed",
-        f"builtin = {'true' if builtin else 'false'}",
-        "",
-        "[metric]",
-        f"name = {_toml_str(metric)}",
-        f'direction = "{"lower" if lower_is_better else "higher"}"  # lower | higher is better',
-        "",
-        "[fleet]",
-        f"default_tier = {_toml_str(tier)}",
-        "idle_shutdown = 900  # the controller exits after this many idle seconds",
-        "retries = 2  # extra attempts after an infrastructure failure",
-        "",
-        "[[fleet.pool]]",
-        *pool_lines,
-        "",
-        "[search]",
-        "z = 2.0  # keep a change only when it beats the incumbent by z standard errors",
-        "incumbent_max_age_waves = 3  # re-measure the incumbent when older than this many waves",
-        "promote_top_k = 3",
-    ]
-    if profile is not None:
-        lines += ["", "# Fixed at init: changing it makes results incomparable.", "[profile]"]
-        for key, value in profile.items():
-            if isinstance(value, dict):
-                continue
-            lines.append(f"{key} = {json.dumps(value)}")
-        for key, value in profile.items():
-            if isinstance(value, dict):
-                lines += ["", f"[profile.{key}]"]
-                lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _gpu_indices() -> list[int]:
-    """Local CUDA devices, without importing torch when there is no driver."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    import subprocess
-
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return [int(x) for x in out.stdout.split() if x.strip().isdigit()] if out.returncode == 0 else []
-
-
-def init_lab(directory: Path, options: InitOptions) -> Path:
-    """Create a lab in `directory` (new or empty) and return its absolute path.
-
-    Raises:
-        UsageError: the directory is not empty, the target is missing, or flags conflict.
-    """
-    directory = directory.resolve()
-    if directory.exists() and any(directory.iterdir()):
-        raise UsageError(f"`{directory}` is not empty; choose a new or empty directory for the lab")
-    gpus = _gpu_indices()
-    builtin = options.target is None
-    profile_dict = None
-    if builtin:
-        if options.command or options.editable:
-            raise UsageError("`--command` and `--editable` need `--target`; the built-in target has its own")
-        from nightlab.harness.profiles import get_profile
-
-        profile_name = options.profile or ("h100" if gpus else "cpu")
-        profile = get_profile(profile_name, budget=options.budget, dataset=options.dataset)
-        profile_dict = profile.to_dict()
-        command = "python train.py"
-        editable = ("train.py",)
-        # autoresearch's rule for the built-in budget: 2x the training budget + 2 minutes
-        timeout = options.timeout or 2 * profile.budget_seconds + 120
-        tier = "gpu" if gpus else "cpu"
-    else:
-        if options.profile or options.budget or options.dataset:
-            raise UsageError("`--profile`, `--budget` and `--dataset` apply to the built-in target only")
-        source = options.target.resolve()
-        if not source.is_dir():
-            raise UsageError(f"target `{options.target}` is not a directory; pass the repository to copy")
-        editable = options.editable or (("train.py",) if (source / "train.py").is_file() else ())
-        if not editable:
-            raise UsageError(
-                f"target `{source}` has no train.py; name the files agents edit with `--editable`"
-            )
-        for name in editable:
-            if not (source / name).is_file():
-                raise UsageError(f"editable file `{name}` is not in `{source}`")
-        command = options.command or f"python {editable[0]}"
-        timeout = options.timeout or FOREIGN_TIMEOUT
-        tier = "gpu" if gpus else "cpu"
-    if gpus:
-        pool = ['backend = "local"', f'tier = "{tier}"', f"gpus = {gpus}  # one slot per GPU"]
-    else:
-        slots = options.cpu_slots or 1
-        pool = [
-            'backend = "local"',
-            f'tier = "{tier}"',
-            f"slots = {slots}  # CPU slots, each running one experiment",
-        ]
-    config_text = _render_config(
-        command=command,
-        editable=editable,
-        timeout=timeout,
-        metric=options.metric,
-        lower_is_better=options.lower_is_better,
-        builtin=builtin,
-        tier=tier,
-        pool_lines=pool,
-        profile=profile_dict,
-    )
-
-    staging = directory.parent / f".{directory.name}.nightlab-init-{os.getpid()}"
-    try:
-        if builtin:
-            staging.mkdir(parents=True)
-            _write_builtin_target(staging, profile_dict or {})
-        else:
-            shutil.copytree(options.target.resolve(), staging, ignore=_COPY_IGNORE)
-        (staging / CONFIG_NAME).write_text(config_text)
-        from nightlab.config import parse_config, tomllib
-
-        config = parse_config(tomllib.loads(config_text))  # a bug in rendering must not leave a broken lab
-        from nightlab.agent.instructions import write_agent_files
-
-        write_agent_files(staging, config)  # program.md (or program.nightlab.md) and the SKILL.md
-        _ignore_generated(staging / ".gitignore")
-        snapshots.git(staging, "init", "--quiet")
-        snapshots.git(staging, "checkout", "--quiet", "-b", "research")
-        snapshots.git(staging, "add", "--all")
-        snapshots.git(staging, *snapshots.identity_args(staging), "commit", "--quiet", "-m", "nightlab init")
-        open_ledger(staging, create=True).close()
-        if directory.exists():
-            directory.rmdir()
-        staging.rename(directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return directory
-
-
-# What nightlab writes into the lab besides its files: the ledger and caches, and what `nightlab
-# report` (and the demo) regenerate from the ledger. Ignored, so the user's `git status` stays clean.
-GENERATED = (".nightlab/", "results.tsv", "results-*.tsv", "progress.png", "costs.md")
-
-
-def _ignore_generated(gitignore: Path) -> None:
-    """Add the generated names to the lab's .gitignore, keeping what a copied target had there."""
-    existing = gitignore.read_text() if gitignore.exists() else ""
-    missing = [name for name in GENERATED if name not in existing.split()]
-    if missing:
-        sep = "" if existing.endswith("\n") or not existing else "\n"
-        gitignore.write_text(existing + sep + "\n".join(missing) + "\n")
-
-
-def _write_builtin_target(dest: Path, profile: dict[str, Any]) -> None:
-    from importlib import resources
-
-    from nightlab.search.knobs import set_knobs
-
-    template = resources.files("nightlab.targets.gpt")
-    train = template.joinpath("train.py").read_text()
-    defaults = profile.get("train_defaults") or {}
-    if defaults:
-        train = set_knobs(train, dict(defaults))
-    (dest / "train.py").write_text(train)
-    (dest / "program.md").write_text(template.joinpath("program.md").read_text())
+__all__ = ["GENERATED", "InitOptions", "Lab", "apply_sets", "find_lab", "init_lab", "read_editable"]
 
 
 def find_lab(start: Path | None = None) -> Path:
@@ -256,6 +49,47 @@ def find_lab(start: Path | None = None) -> Path:
         f"`{here}` is not inside a nightlab lab (no {CONFIG_NAME} and {STATE_DIR}/); "
         "create one with `nightlab init DIR` or cd into a lab"
     )
+
+
+def read_editable(lab_dir: Path, editable: Iterable[str], rev: str) -> dict[str, bytes]:
+    """The editable files of commit `rev` that it has, by name (a snapshot may lack one)."""
+    files = {}
+    for name in editable:
+        try:
+            files[name] = snapshots.read_file(lab_dir, rev, name)
+        except NightlabError:
+            continue
+    return files
+
+
+def apply_sets(files: Mapping[str, bytes], sets: Mapping[str, str]) -> dict[str, bytes]:
+    """The files with each knob's value (source text) written into the file that defines it.
+
+    `Lab.submit` (`--set`) and every wave (`waves.submit_wave`) apply knobs with this one rule.
+    Files that are not Python text (a shell script, a config) have no knobs and are left as they are.
+
+    Raises:
+        UsageError: a knob no file defines (the known ones listed, closest first), a bad value.
+    """
+    from nightlab.search.knobs import list_knobs, set_knobs
+
+    out = dict(files)
+    left = dict(sets)
+    texts = []
+    for name, content in files.items():
+        try:
+            text = content.decode()
+            names = {k.name for k in list_knobs(text)}
+        except (UnicodeDecodeError, UsageError):
+            continue
+        texts.append(text)
+        mine = {k: v for k, v in left.items() if k in names}
+        if mine:
+            out[name] = set_knobs(text, mine).encode()
+            left = {k: v for k, v in left.items() if k not in mine}
+    if left:
+        set_knobs(texts[0] if texts else "", left)  # raises the "unknown knob" error, closest names first
+    return out
 
 
 class Lab:
@@ -284,12 +118,22 @@ class Lab:
 
     # ------------------------------------------------------------------ incumbent
 
+    def incumbent(self) -> identity.Incumbent:
+        """The incumbent now: HEAD and its research identity, with one git process."""
+        return identity.incumbent(self.path)
+
     def head(self) -> str:
-        return snapshots.head(self.path)
+        return self.incumbent().commit
 
     def head_tree(self) -> str:
         """The incumbent's research identity (`nightlab.identity`): what its runs are keyed on."""
-        return identity.of(self.path, "HEAD")
+        return self.incumbent().tree
+
+    def judge(self) -> Judge:
+        """The lab's verdict policy (`nightlab.judge`), the only writer of verdicts."""
+        from nightlab.judge import Judge
+
+        return Judge(self.ledger, self.config, self.path)
 
     def check_tier(self, tier: str) -> str:
         if tier not in self.config.fleet.tiers:
@@ -346,7 +190,7 @@ class Lab:
         priority: int = 0,
         force: bool = False,
         base: str = "HEAD",
-        source: str = "cli",
+        source: Source = Source.CLI,
         start_controller: bool = True,
     ) -> list[Experiment]:
         """Snapshot the editable files and queue `repeats` experiments of that snapshot.
@@ -380,7 +224,14 @@ class Lab:
                 check_capacity(self.config)  # refused before anything is queued
         files = dict(overrides or {})
         if sets:
-            files.update(self._apply_sets(sets, files))
+            # the working tree's editable files, under the overrides, take the knob values
+            current = {
+                name: files[name] if name in files else (self.path / name).read_bytes()
+                for name in self.config.target.editable
+                if name in files or (self.path / name).is_file()
+            }
+            applied = apply_sets(current, sets)
+            files.update({name: content for name, content in applied.items() if content != current[name]})
         self._check_prepared(tier)
         commit, _, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
@@ -453,41 +304,14 @@ class Lab:
                 f"(looked in `{data_dir(profile)}`); run `nightlab prepare` in the lab first"
             ) from None
 
+    def files_at(self, rev: str = "HEAD") -> dict[str, bytes]:
+        """The editable files of a commit (the incumbent by default, a snapshot's hash), by name."""
+        return read_editable(self.path, self.config.target.editable, rev)
+
     def files_of(self, experiment_id: str) -> tuple[dict[str, bytes], str]:
         """The editable files of an experiment's snapshot, and the commit it was derived from."""
         exp = self.ledger.get(experiment_id)
-        files = {}
-        for name in self.config.target.editable:
-            try:
-                files[name] = snapshots.read_file(self.path, exp.snapshot, name)
-            except NightlabError:
-                continue
-        return files, exp.parent or "HEAD"
-
-    def _apply_sets(self, sets: dict[str, str], files: dict[str, bytes]) -> dict[str, bytes]:
-        from nightlab.search.knobs import list_knobs, set_knobs
-
-        remaining = dict(sets)
-        out: dict[str, bytes] = {}
-        sources: dict[str, str] = {}
-        for name in self.config.target.editable:
-            if name in files:
-                text = files[name].decode()
-            elif (self.path / name).is_file():
-                text = (self.path / name).read_text()
-            else:
-                continue
-            sources[name] = text
-            mine = {k: v for k, v in remaining.items() if any(kn.name == k for kn in list_knobs(text))}
-            if mine:
-                out[name] = set_knobs(text, mine).encode()
-                for k in mine:
-                    del remaining[k]
-        if remaining:
-            first = next(iter(sources.values()), "")
-            # set_knobs raises the helpful "unknown knob" error, with the closest names
-            set_knobs(first, remaining)
-        return out
+        return self.files_at(exp.snapshot), exp.parent or "HEAD"
 
     # ------------------------------------------------------------------ waiting
 
@@ -536,8 +360,10 @@ class Lab:
 
     # ------------------------------------------------------------------ adopt
 
-    def adopt(self, experiment_id: str, *, force: bool = False) -> str:
+    def adopt(self, experiment_id: str, *, force: bool = False, decided_on: str | None = None) -> str:
         """Make the experiment's snapshot the incumbent: commit its files on the lab's branch.
+
+        `decided_on`: the tier a search judged it on (`Judge.adopted` says what that changes).
 
         Raises:
             UsageError: the experiment did not finish ok, or editable files have uncommitted edits.
@@ -555,7 +381,7 @@ class Lab:
                 f"{exp.id} ended `{exp.outcome or exp.status.label}`; only a finished ok run can be adopted "
                 "(`--force` to adopt anyway)"
             )
-        if exp.verdict not in (None, "keep", "baseline") and not force:
+        if exp.verdict not in (None, Verdict.KEEP, Verdict.BASELINE) and not force:
             raise UsageError(
                 f"{exp.id} has verdict `{exp.verdict}`; adopt only `keep` verdicts (`--force` to override)"
             )
@@ -573,5 +399,5 @@ class Lab:
             commit = snapshots.commit_files(self.path, changed, f"adopt {exp.id}: {exp.description}")
         else:
             commit = self.head()
-        self.ledger.mark_adopted(exp.id)
+        self.judge().adopted(exp, decided_on=decided_on)
         return commit

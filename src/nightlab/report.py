@@ -5,7 +5,8 @@ and the agent's API cost per night next to it (`agent/costs.py`) for labs where 
 results.tsv is what existing autoresearch notebooks read, so its shape is fixed:
 tab-separated, header `commit <metric> memory_gb status description`, the short hash of
 the snapshot, memory = peak_vram_mb / 1024 with one decimal, crashes as 0.000000 / 0.0,
-status keep (adopted experiments and the baseline), discard or crash.
+status keep (the runs of adopted snapshots and the baseline), discard or crash: `judge.tsv_status`
+says which, so a `keep` verdict that was never adopted is `discard` here (it is not on the branch).
 
 Results compare only within a tier, so results.tsv holds the lab's default tier
 (`fleet.default_tier`) and every other tier with finished runs gets its own
@@ -24,19 +25,16 @@ from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
 from nightlab.config import LabConfig
 from nightlab.display import exact
 from nightlab.fleet.costs import cost_markdown, cost_summary
-from nightlab.ledger import Experiment, ExperimentStatus, Ledger
+from nightlab.judge import kept as is_kept
+from nightlab.judge import trust, tsv_status
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Verdict
 
 _FIXED_WIDE = ("tier", "seed", "wave", "outcome", "verdict", "submitted_at", "started_at", "finished_at")
 
 
-def tsv_status(e: Experiment) -> str:
-    if e.degraded:  # it ran to the end on a starved or throttled machine: not kept, not a crash
-        return "discard"
-    if not e.ok:
-        return "crash"
-    if e.adopted_at is not None or e.verdict in ("keep", "baseline"):
-        return "keep"
-    return "discard"
+def adopted_trees(exps: Iterable[Experiment]) -> set[str]:
+    """The snapshots the lab adopted (an adopted snapshot is the incumbent on every tier)."""
+    return {e.tree for e in exps if e.adopted_at is not None}
 
 
 def _clean(text: str) -> str:
@@ -52,14 +50,16 @@ def _atomic_write(path: Path, text: str) -> None:
 def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: str | None = None) -> str:
     """The text of results.tsv: finished experiments in submission order, of one `tier` (or all)."""
     metric = config.metric.name
-    exps = [e for e in ledger.experiments(status=ExperimentStatus.FINISHED) if tier is None or e.tier == tier]
+    finished = ledger.experiments(status=ExperimentStatus.FINISHED)
+    adopted = adopted_trees(finished)
+    exps = [e for e in finished if tier is None or e.tier == tier]
     extra: list[str] = []
     if wide:
         keys = sorted({k for e in exps for k in e.metrics} - {metric, "peak_vram_mb"})
         extra = [*_FIXED_WIDE, "trust", *keys]
     lines = ["\t".join(["commit", metric, "memory_gb", "status", "description", *extra])]
     for e in exps:
-        status = tsv_status(e)
+        status = tsv_status(e, adopted)
         value = e.metric(metric) if status != "crash" else None
         vram = e.metric("peak_vram_mb") if status != "crash" else None
         row = [
@@ -73,9 +73,7 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: 
             for col in _FIXED_WIDE:
                 v = getattr(e, col)
                 row.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
-            from nightlab.harness.owned import trust
-
-            row.append(trust(e.metrics, builtin=config.target.builtin))
+            row.append(trust(e, config))
             row += [_clean(exact(e.metrics.get(k))) for k in extra[len(_FIXED_WIDE) + 1 :]]
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
@@ -115,21 +113,17 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
         if e.ok and e.metric(metric) is not None
     ]
     tiers = sorted({e.tier for e in exps}) or ["-"]
+    adopted = adopted_trees(exps)
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
     better = min if config.metric.lower_is_better else max
     for ax, tier in zip(axes[:, 0], tiers, strict=True):
         mine = [e for e in exps if e.tier == tier]
         xs = [e.seq for e in mine]
         ys = [e.metric(metric) for e in mine]
-        # kept = the baseline and what was adopted; a run that beat the incumbent too but lost to
-        # the wave's best carries the verdict `keep` without being adopted: drawn apart, unlabelled
-        adopted_trees = {e.tree for e in mine if e.adopted_at is not None}
-        kept = [
-            e
-            for e in mine
-            if tsv_status(e) == "keep" and (e.tree in adopted_trees or e.verdict == "baseline")
-        ]
-        beat = [e for e in mine if tsv_status(e) == "keep" and e not in kept]
+        # kept = the baseline and what was adopted (`judge.kept`); a run that beat the incumbent too
+        # but lost to the wave's best carries the verdict `keep` without being adopted: drawn apart
+        kept = [e for e in mine if is_kept(e, adopted)]
+        beat = [e for e in mine if e.verdict == Verdict.KEEP and e not in kept]
         ax.scatter(xs, ys, s=14, color="#b0b0b0", label="discarded", zorder=2)
         if beat:
             ax.scatter(
@@ -154,7 +148,9 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
             step_x.append(entry.seq)
             step_y.append(best)
             ax.annotate(
-                "baseline" if entry.verdict == "baseline" else f"kept {entry.id}: {entry.description[:40]}",
+                "baseline"
+                if entry.verdict == Verdict.BASELINE
+                else f"kept {entry.id}: {entry.description[:40]}",
                 (entry.seq, mean),
                 fontsize=7,
                 rotation=20,

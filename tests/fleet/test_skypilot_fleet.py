@@ -83,12 +83,20 @@ class ControllerThread:
 
     def _run(self) -> None:
         from nightlab.fleet.controller import Controller, build_slots
+        from nightlab.judge import Judge
 
         try:
             config = load_config(self.lab / "nightlab.toml")
             slots, backends = build_slots(config)
             with open_ledger(self.lab) as ledger:
-                self.controller = Controller(self.lab, config, ledger, slots=slots, backends=backends)
+                self.controller = Controller(
+                    self.lab,
+                    config,
+                    ledger,
+                    slots=slots,
+                    backends=backends,
+                    policy=Judge(ledger, config, self.lab),
+                )
                 self.controller.run()
         except BaseException as e:
             self.error = e

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 from labkit import nightlab, wait_json
-from nightlab.analysis import decide_tree
 from nightlab.lab import Lab
 
 
@@ -37,7 +36,7 @@ def test_real_gain_is_kept_and_gain_inside_the_noise_is_not(quick_lab):
     assert "within noise" in hint and f"--from {ids['0.01001']} --repeats" in hint
     with Lab.open(lab) as opened:
         exp = opened.ledger.get(ids["0.01001"])
-        decision = decide_tree(opened.ledger, opened.config, opened.path, exp.tree, "cpu")
+        decision = opened.judge().decision(exp.tree, "cpu")
     assert (decision.repeats_to_settle.candidate, decision.repeats_to_settle.incumbent) == (3, 0)
 
 

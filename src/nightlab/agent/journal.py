@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightlab.agent.changes import Change, merge, read_blobs, summarize_change
-from nightlab.analysis import figure, incumbent_figure, ok_values
+from nightlab.analysis import figure, ok_values
 from nightlab.ledger import Experiment, ExperimentStatus
 
 # Ranks for an idea's overall standing: the best tier result decides.
@@ -369,11 +369,15 @@ def build_journal(lab) -> Journal:
     for idea in ideas:
         if idea.kind == "idea":
             themes.setdefault(theme_name(idea.change.touched), []).append(idea)
-    head = snapshots.head(lab.path)
+    from nightlab.judge import Judge
+
+    judge = Judge(lab.ledger, config, lab.path)
+    inc = judge.incumbent()
+    head = inc.commit
     tiers = sorted(set(config.fleet.tiers) | {e.tier for e in exps})
     figures = {}
     for tier in tiers:
-        f = incumbent_figure(lab.ledger, config, lab.path, tier)
+        f = judge.incumbent_figure(tier, inc)
         figures[tier] = None if f is None else {"mean": f.mean, "std": f.std, "n": f.n}
     return Journal(
         metric=metric,

@@ -2,7 +2,7 @@
 
 Commands live one per module and are imported only when invoked, so `nightlab --help`
 and the fast commands agents call in a loop stay quick. Exit codes: 0 ok, 1 the
-operation failed, 2 bad usage or bad input (DESIGN.md).
+operation failed, 2 bad usage or bad input (README, "Commands").
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ def start(cpu_slots, foreground, lab_dir) -> None:
     if foreground:
         from nightlab.config import load_lab_config
         from nightlab.fleet.health import check_capacity
+        from nightlab.judge import Judge
 
         check_capacity(load_lab_config(path).config, cpu_slots=cpu_slots)
-        code = daemon.serve(path, cpu_slots=cpu_slots)
+        code = daemon.serve(path, policy=Judge, cpu_slots=cpu_slots)
         if code == 3:
             from nightlab.errors import ControllerError
 

@@ -15,17 +15,19 @@ def results_payload(lab, rows, incumbents) -> dict:
     `incumbent.tiers[t].mean - baseline.tiers[t].mean`.
     """
     from nightlab.analysis import baseline_figures
-    from nightlab.harness.owned import trust
     from nightlab.identity import epoch_info
 
     metric = lab.config.metric.name
     epoch = epoch_info(lab.path, lab.ledger, lab.config)
     # "since the baseline" is within the epoch: an earlier epoch's baseline was measured differently
     same_epoch = [r.experiment for r in rows if r.experiment.epoch == epoch["key"]]
+    from nightlab.judge import Judge
+
+    judge = Judge(lab.ledger, lab.config, lab.path)  # `lab` may be the dashboard's read-only one
     experiments = []
     for r in rows:
         d = r.to_dict(metric)
-        d["trust"] = trust(r.experiment.metrics, builtin=lab.config.target.builtin)
+        d["trust"] = judge.trust(r.experiment)
         experiments.append(d)
     return {
         "metric": metric,
@@ -48,8 +50,10 @@ def results_payload(lab, rows, incumbents) -> dict:
 
 def verdict_cell(row) -> str:
     """The verdict as a listing shows it, with what it was judged against when that matters."""
+    from nightlab.ledger import Verdict
+
     verdict = row.experiment.verdict or "-"
-    if row.incumbent and verdict not in ("keep", "baseline"):
+    if row.incumbent and verdict not in (Verdict.KEEP, Verdict.BASELINE):
         return f"incumbent (was {verdict})"  # judged before it was adopted
     if row.earlier_incumbent:
         return f"{verdict} (vs earlier incumbent)"
@@ -71,12 +75,13 @@ def command(lab, tier, all_, limit, as_json) -> None:
     Example:
       nightlab results --json | jq '.experiments[] | select(.verdict == "keep") | .id'
     """
-    from nightlab.analysis import decide_tree, results, settle_hint
-    from nightlab.harness.owned import TRUST_NOTES, trust
+    from nightlab.analysis import results
+    from nightlab.harness.owned import TRUST_NOTES
 
     if tier is not None:
         lab.check_tier(tier)
     metric = lab.config.metric.name
+    judge = lab.judge()
     rows, incumbents = results(lab.ledger, lab.config, lab.path, tier=tier)
     if as_json:
         emit_json(results_payload(lab, rows, incumbents))
@@ -90,12 +95,13 @@ def command(lab, tier, all_, limit, as_json) -> None:
     line = epoch_line(epoch)
     if line and epoch["since"] is not None:  # a fresh change is already announced on opening the lab
         say(line)
+    head = lab.head()
     for t, f in incumbents.items():
         if f is None:
-            out.print(f"incumbent {lab.head()[:10]} on {t}: not measured; run `nightlab noise --tier {t}`")
+            out.print(f"incumbent {head[:10]} on {t}: not measured; run `nightlab noise --tier {t}`")
         else:
             spread = f" ± {f.std:.6f}" if f.std is not None else ""
-            out.print(f"incumbent {lab.head()[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
+            out.print(f"incumbent {head[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
     shown = rows if all_ else [r for r in rows if r.value is not None or r.experiment.degraded][:limit]
     table = Table(box=None, pad_edge=False)
     for col in ("id", "tier", metric, "delta", "verdict", "trust", "seed", "description"):
@@ -109,7 +115,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
         else:
             value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
         delta = "-" if r.delta is None else f"{r.delta:+.6f}"
-        vouched = trust(e.metrics, builtin=lab.config.target.builtin)
+        vouched = judge.trust(e)
         table.add_row(e.id, e.tier, value, delta, verdict_cell(r), vouched, str(e.seed), e.description[:60])
     out.print(table)
     if not lab.config.target.builtin:
@@ -133,10 +139,10 @@ def command(lab, tier, all_, limit, as_json) -> None:
             f"(e.g. {earlier[0].experiment.id} against {against}); their delta is against today's"
         )
     seen = set()
+    inc = judge.incumbent()
     for r in rows:
         e = r.experiment
         # the incumbent is never a candidate: no hint to "settle" it against itself
         if e.verdict == "within-noise" and not r.incumbent and (e.tree, e.tier) not in seen:
             seen.add((e.tree, e.tier))
-            decision = decide_tree(lab.ledger, lab.config, lab.path, e.tree, e.tier)
-            say(settle_hint(e, decision))
+            say(judge.settle_hint(e, inc))

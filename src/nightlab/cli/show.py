@@ -26,10 +26,10 @@ def show_payload(lab, experiment_id: str, *, tail_lines: int = TAIL_LINES, diff:
         text = snapshots.diff(lab.path, e.parent, e.snapshot) if diff else ""
     except SnapshotError as err:
         text = f"(diff unavailable: {err})"
-    from nightlab.harness.owned import trust
+    from nightlab.judge import trust
 
     data = e.to_dict()
-    data["trust"] = trust(e.metrics, builtin=lab.config.target.builtin)
+    data["trust"] = trust(e, lab.config)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
     return data
 

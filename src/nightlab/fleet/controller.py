@@ -21,10 +21,8 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from nightlab import identity
-from nightlab.analysis import judged_context, refresh_pending, refresh_siblings, verdict_for
 from nightlab.config import LabConfig
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
@@ -33,7 +31,7 @@ from nightlab.fleet.local import LocalBackend
 from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
 from nightlab.fleet.slots import build_slots
 from nightlab.integrity import free_bytes
-from nightlab.ledger import Attempt, Ledger
+from nightlab.ledger import Attempt, Experiment, Ledger
 
 log = logging.getLogger("nightlab.controller")
 
@@ -69,8 +67,27 @@ def _config_blob(lab_dir: Path) -> str | None:
         return None
 
 
+class VerdictPolicy(Protocol):
+    """What the controller asks about verdicts; the lab hands one in (`nightlab.judge.Judge`).
+
+    The fleet knows how runs end, never how they are judged: it stores what `end` returns with
+    the final end of an attempt, in the same transaction, and calls `ended` afterwards.
+    """
+
+    def end(self, exp: Experiment, outcome: str, value: float | None) -> tuple[str | None, dict | None]:
+        """The verdict and judged context to store with a final end of `exp`."""
+        ...
+
+    def ended(self, exp: Experiment, outcome: str, verdict: str | None, judged: dict | None) -> None:
+        """Called once a final end was stored (re-judge what it changed)."""
+        ...
+
+
 class Controller:
-    """The dispatch loop of one lab. `run()` returns when stopped or idle for long enough."""
+    """The dispatch loop of one lab. `run()` returns when stopped or idle for long enough.
+
+    `policy` decides the verdict of every run that ends for good (`VerdictPolicy`).
+    """
 
     def __init__(
         self,
@@ -80,6 +97,7 @@ class Controller:
         *,
         slots: list[WorkerSlot],
         backends: dict[str, BaseBackend],
+        policy: VerdictPolicy,
         poll_interval: float = 0.02,
         idle_interval: float = 0.05,
         watch_config: bool = False,
@@ -92,6 +110,7 @@ class Controller:
         self.backends = backends
         for backend in backends.values():
             backend.use_ledger(ledger)  # a backend never opens a ledger of its own
+        self.policy = policy
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self.active: dict[str, _Active] = {}
@@ -401,37 +420,55 @@ class Controller:
         health = self.health.finish(active.attempt)
         if outcome == "ok" and health is not None and health.degraded:
             outcome, detail = "degraded", health.reason
-        exp = self.ledger.get(active.spec.experiment_id)
-        final = outcome != "infra" or exp.attempts >= 1 + self.config.fleet.retries
-        value = metrics.get(self.config.metric.name)
-        verdict = verdict_for(self.ledger, self.config, self.lab_dir, exp, outcome, value) if final else None
-        judged = (
-            judged_context(self.ledger, self.config, self.lab_dir, exp.tier)
-            if outcome == "ok" and final
-            else None
-        )
-        state = self.ledger.finish_attempt(
-            active.attempt.id,
+        state, exp = self._finish(
+            active.attempt,
             outcome=outcome,
             exit_code=ended.exit_code,
             detail=detail,
             metrics=metrics,
-            retry=outcome == "infra",
-            max_attempts=1 + self.config.fleet.retries,
-            verdict=verdict,
-            judged=judged,
             health=health.to_dict() if health is not None else None,
         )
         trim_log(active.spec.log_path)
         if state == "finished" and outcome == "degraded":
             self.health.rerun(self.ledger, self.lab_dir, exp, active.slot)
         self._backend(active.slot).cleanup(active.spec)
-        if state == "finished" and outcome == "ok":
-            refresh_siblings(self.ledger, exp, verdict, judged=judged)
-            if verdict in ("keep", "baseline") and exp.tree == identity.of(self.lab_dir, "HEAD"):
-                # the incumbent's figure (and maybe the noise floor) changed: candidates judged
-                # too early get their verdict now, not when someone happens to read them
-                refresh_pending(self.ledger, self.config, self.lab_dir, exp.tier)
+
+    def _finish(
+        self,
+        attempt: Attempt,
+        *,
+        outcome: str,
+        detail: str | None,
+        exit_code: int | None = None,
+        metrics: dict[str, Any] | None = None,
+        health: dict[str, Any] | None = None,
+    ) -> tuple[str | None, Experiment]:
+        """End an attempt that ran or could not start; a final end carries the policy's verdict.
+
+        One path for both, so a refused launch and a run that says it is invalid are judged alike.
+        `infra` is retried while retries are left. Returns the experiment's new state and the
+        experiment as it was before this end.
+        """
+        exp = self.ledger.get(attempt.experiment_id)
+        retries = 1 + self.config.fleet.retries
+        final = outcome not in ("infra", "cancelled") or (outcome == "infra" and exp.attempts >= retries)
+        value = (metrics or {}).get(self.config.metric.name)
+        verdict, judged = self.policy.end(exp, outcome, value) if final else (None, None)
+        state = self.ledger.finish_attempt(
+            attempt.id,
+            outcome=outcome,
+            exit_code=exit_code,
+            detail=detail,
+            metrics=metrics,
+            retry=outcome == "infra",
+            max_attempts=retries,
+            verdict=verdict,
+            judged=judged,
+            health=health,
+        )
+        if state == "finished":
+            self.policy.ended(exp, outcome, verdict, judged)
+        return state, exp
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""
@@ -458,16 +495,10 @@ class Controller:
             try:
                 handle = {"backend": slot.backend, **self._backend(slot).launch(slot, spec)}
             except NightlabError as e:
-                self.ledger.finish_attempt(attempt.id, outcome="invalid", detail=f"could not launch: {e}")
+                self._finish(attempt, outcome="invalid", detail=f"could not launch: {e}")
                 continue
             except OSError as e:  # the machine's fault (a full disk while materialising), not the code's
-                self.ledger.finish_attempt(
-                    attempt.id,
-                    outcome="infra",
-                    detail=f"could not launch: {e}",
-                    retry=True,
-                    max_attempts=1 + self.config.fleet.retries,
-                )
+                self._finish(attempt, outcome="infra", detail=f"could not launch: {e}")
                 continue
             self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
             self.health.watch(attempt, slot, handle)

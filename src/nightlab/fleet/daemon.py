@@ -13,7 +13,9 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nightlab.errors import ControllerError, NightlabError
 from nightlab.lifecycle import ProcessTimeout, Singleton
@@ -94,8 +96,12 @@ def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
         ) from None
 
 
-def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
-    """Run the controller in this process while holding the lab's lock. Returns an exit code."""
+def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = None) -> int:
+    """Run the controller in this process while holding the lab's lock. Returns an exit code.
+
+    `policy(ledger, config, lab_dir)` makes the verdict policy the controller stores with each
+    run's end (`fleet.controller.VerdictPolicy`); the lab's is `nightlab.judge.Judge`.
+    """
     from nightlab.config import UNCOMMITTED_WARNING, load_lab_config
     from nightlab.fleet.controller import Controller, build_slots
     from nightlab.ledger import open_ledger
@@ -137,6 +143,7 @@ def serve(lab_dir: Path, *, cpu_slots: int | None = None) -> int:
                     ledger,
                     slots=slots,
                     backends=backends,
+                    policy=policy(ledger, config, lab_dir),
                     watch_config=True,
                     cpu_slots=cpu_slots,
                 )
@@ -201,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(args.lab_dir.resolve(), cpu_slots=args.cpu_slots)
+    # the process's entry point wires the lab's verdict policy in; the fleet modules never import it
+    from nightlab.judge import Judge
+
+    return serve(args.lab_dir.resolve(), policy=Judge, cpu_slots=args.cpu_slots)
 
 
 if __name__ == "__main__":

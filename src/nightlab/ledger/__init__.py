@@ -14,7 +14,7 @@ Contract (what every caller may rely on):
   end exactly once even when a controller dies and a second one takes over.
 
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
-`ExperimentStatus`, decoders), `_base` (`BaseLedger`: the connection and every read),
+`ExperimentStatus`, `Verdict`, `Outcome`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
 `_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
 (`ReadOnlyLedger`, the dashboard's). Every SQL statement of nightlab lives in this package.
 """
@@ -30,7 +30,10 @@ from nightlab.ledger._rows import (
     Experiment,
     ExperimentStatus,
     NewExperiment,
+    Outcome,
     SearchProgress,
+    Source,
+    Verdict,
     Wave,
     Worker,
 )
@@ -48,8 +51,11 @@ __all__ = [
     "ExperimentStatus",
     "Ledger",
     "NewExperiment",
+    "Outcome",
     "ReadOnlyLedger",
     "SearchProgress",
+    "Source",
+    "Verdict",
     "Wave",
     "Worker",
     "open_ledger",

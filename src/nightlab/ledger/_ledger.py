@@ -198,11 +198,12 @@ class Ledger(BaseLedger):
             )
             self._event(c, "verdict", experiment_id, verdict=verdict, judged=judged, **before)
 
-    def mark_adopted(self, experiment_id: str) -> None:
+    def mark_adopted(self, experiment_id: str, *, verdict: str | None) -> None:
+        """Record an adoption and the verdict the adopted run carries (`nightlab.judge` decides it)."""
         with self.transaction() as c:
             c.execute(
-                "UPDATE experiments SET adopted_at = ?, verdict = COALESCE(verdict, 'keep') WHERE id = ?",
-                (time.time(), experiment_id),
+                "UPDATE experiments SET adopted_at = ?, verdict = ? WHERE id = ?",
+                (time.time(), verdict, experiment_id),
             )
             self._event(c, "adopt", experiment_id)
 

@@ -29,6 +29,69 @@ class ExperimentStatus(enum.IntEnum):
         return self.name.lower()
 
 
+class Verdict(enum.StrEnum):
+    """What a finished run says about its snapshot; `nightlab.judge` is the only code that decides one.
+
+    Stored as these strings (a StrEnum compares equal to them, so old ledgers read unchanged).
+    """
+
+    KEEP = "keep"  # beats the incumbent by more than the noise (or was adopted)
+    WITHIN_NOISE = "within-noise"  # better, but not by more than z standard errors
+    DISCARD = "discard"  # no better than the incumbent
+    BASELINE = "baseline"  # a run of the lab's starting point (the incumbent, never adopted)
+    CRASH = "crash"  # no result: crash, timeout, an infrastructure failure that used up its retries
+    INVALID = "invalid"  # the result cannot be trusted (integrity probe, code hash, launch refused)
+    DEGRADED = "degraded"  # its machine starved or throttled it: recorded, never judged
+
+    @classmethod
+    def read(cls, value: str | None) -> Verdict | None:
+        return None if value is None else cls(value)
+
+
+class Outcome(enum.StrEnum):
+    """How a run ended (`fleet/runner.py` classifies; the table there says when each applies)."""
+
+    OK = "ok"
+    CRASH_SYNTAX = "crash:syntax"
+    CRASH_EXCEPTION = "crash:exception"
+    CRASH_OOM = "crash:oom"
+    CRASH_NAN = "crash:nan"
+    CRASH_NO_SUMMARY = "crash:no-summary"
+    TIMEOUT = "timeout"
+    INFRA = "infra"  # the machine's fault: retried on another attempt while retries are left
+    INVALID = "invalid"
+    CANCELLED = "cancelled"
+    DEGRADED = "degraded"
+
+    @property
+    def is_crash(self) -> bool:
+        return self.value.startswith("crash:")
+
+    @classmethod
+    def read(cls, value: str | None) -> Outcome | None:
+        return None if value is None else cls(value)
+
+
+class Source(enum.StrEnum):
+    """Who asked for an experiment, which decides whether it is a candidate of its wave."""
+
+    CLI = "cli"  # `nightlab submit` (an agent or a person)
+    SWEEP = "sweep"
+    SEARCH = "search"
+    PROMOTE = "promote"
+    SETTLE = "settle"  # repeats that settle a within-noise result
+    NOISE = "noise"  # the incumbent's repeats for the noise floor
+    REMEASURE = "remeasure"  # the incumbent re-run inside a wave
+
+    @property
+    def is_candidate(self) -> bool:
+        """Whether a run of this source stands for an idea of its wave (not the incumbent, not a repeat)."""
+        return self in _CANDIDATES
+
+
+_CANDIDATES = frozenset({Source.SWEEP, Source.SEARCH, Source.PROMOTE})
+
+
 class _AsDict:
     """`to_dict()` for the frozen rows: every field, as plain data for `--json`."""
 
@@ -49,11 +112,11 @@ class Experiment(_AsDict):
     wave: str | None
     priority: int
     params: dict[str, str]
-    source: str
+    source: Source
     status: ExperimentStatus
-    outcome: str | None
+    outcome: Outcome | None
     detail: str | None
-    verdict: str | None
+    verdict: Verdict | None
     attempts: int
     cancel_requested: bool
     submitted_at: float
@@ -217,11 +280,11 @@ def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> E
         wave=row["wave"],
         priority=row["priority"],
         params=json.loads(row["params"]),
-        source=row["source"],
+        source=Source(row["source"]),
         status=ExperimentStatus(row["status"]),
-        outcome=row["outcome"],
+        outcome=Outcome.read(row["outcome"]),
         detail=row["detail"],
-        verdict=row["verdict"],
+        verdict=Verdict.read(row["verdict"]),
         attempts=row["attempts"],
         cancel_requested=bool(row["cancel_requested"]),
         submitted_at=row["submitted_at"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nightlab import snapshots
 from nightlab.config import LabConfig, load_lab_config
 from nightlab.ledger import ReadOnlyLedger
 
@@ -39,13 +38,16 @@ class ReadOnlyLab:
     def head(self) -> str:
         """The incumbent commit, read once per lab object (one request): each read is a git process."""
         if self._head is None:
-            self._head = snapshots.head(self.path)
+            from nightlab import identity
+
+            self._head = identity.incumbent(self.path).commit
         return self._head
 
     def head_tree(self) -> str:
+        """The incumbent's research identity, of the HEAD read once per lab object."""
         from nightlab import identity
 
-        return identity.of(self.path, "HEAD")
+        return identity.of(self.path, self.head())  # a commit hash: cached, no git call
 
     def version(self) -> str:
         """Changes whenever a result can have changed (an event or a new HEAD); read once per lab object."""

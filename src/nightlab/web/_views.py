@@ -189,7 +189,7 @@ def progress_series(lab: ReadOnlyLab, cache: VersionCache | None = None) -> dict
 
 
 def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
-    from nightlab.report import kept_snapshots, tsv_status
+    from nightlab.report import adopted_trees, kept_snapshots, tsv_status
 
     _, exps = cache.results(lab)
     metric = lab.config.metric.name
@@ -202,15 +202,16 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
         ),
         key=lambda p: (p[0], p[1].seq),
     )
+    adopted = adopted_trees(exps)
     figures = {
         entry.id: mean
-        for entry, mean in kept_snapshots((e for _, e in points if tsv_status(e) == "keep"), metric)
+        for entry, mean in kept_snapshots((e for _, e in points if tsv_status(e, adopted) == "keep"), metric)
     }
     best: dict[str, float] = {}
     out = []
     for t, e in points:
         value = e.metric(metric)
-        kept = tsv_status(e) == "keep"
+        kept = tsv_status(e, adopted) == "keep"
         if e.id in figures:
             figure = figures[e.id]
             best[e.tier] = figure if e.tier not in best else better(best[e.tier], figure)

@@ -1,29 +1,7 @@
-"""The automatic research loop on a lab (`nightlab search`): strategies wired to the ledger and fleet.
+"""The search loop's callables bound to one lab (`_LabLoop`), and the plan they follow.
 
-`search.strategies.run_loop` is the loop as pure logic; this module supplies its callables:
-
-- submit: a wave of proposals around the incumbent (`waves.submit_wave`), on the screening tier
-  when there is one, else on the validation tier;
-- wait: block until the wave's runs end; with a screening tier, promote the candidates that
-  beat the incumbent there (top k by mean) to the validation tier with repeats, and wait again;
-- optionally (`effects_step`), after a factorial wave, the point its significant main effects
-  predict (every knob with a significant effect at its better level, the others as they are) is
-  measured too, in the same wave: the best corner of a fraction moves every knob, right or wrong.
-  It costs a round per wave; in bench/search_sim.py it won some waves and lost others;
-- decide: `search.decide.best_of_wave` on the validation tier, with that tier's noise floor and
-  z corrected for the number of candidates; a `within-noise` best first gets the repeats that would
-  settle it (once per wave, when they fit in one round); only a `keep` is adopted;
-- adopt: `Lab.adopt`, then the winner's runs carry the verdict `keep`.
-
-Before the first wave the noise floor of the validation tier is measured when there is none
-(`noise_repeats` runs of the incumbent): without it a single run cannot be judged.
-
-Resuming: every wave the loop submits has a `SearchProgress` record in the ledger with the search's
-identity (strategy, spaces, tiers), its index, and once judged the verdict and the adopted run; each
-change to it is one transaction (`Ledger.update_search_progress`). Running the
-same command again rebuilds the history from those waves, waits for a wave that was submitted
-but not judged, completes an adoption that was decided but not done, and goes on; `--waves N`
-counts the waves of earlier runs, `--hours H` starts from now.
+`nightlab.research` (the package) wires them into `search.strategies.run_loop`; its docstring
+describes what each step does.
 """
 
 from __future__ import annotations
@@ -34,16 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nightlab import identity
-from nightlab.analysis import noise_sigma, ok_values
-from nightlab.errors import DuplicateExperimentError, LedgerError, UsageError
-from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress
-from nightlab.search.decide import best_of_wave
-from nightlab.search.decide import promote as pick
+from nightlab.analysis import ok_values
+from nightlab.errors import DuplicateExperimentError, LedgerError
+from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Source, Verdict
 from nightlab.waves import (
-    head_files,
     head_knobs,
     noise,
-    parse_spaces,
     promote,
     submit_incumbent,
     submit_repeats,
@@ -54,8 +28,6 @@ from nightlab.waves import (
 
 if TYPE_CHECKING:
     from nightlab.lab import Lab
-
-__all__ = ["SearchPlan", "WaitProgress", "run_search", "tier_slots"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +118,7 @@ class _LabLoop:
         self.metric = lab.config.metric.name
         self.names = [d.name for d in dims]
         self.floor_ids: list[str] = []  # the noise floor's runs, in flight with the first wave
+        self.judge_ = lab.judge()
 
     # --- the ledger view of this search
 
@@ -217,10 +190,7 @@ class _LabLoop:
         They run alongside the first wave (which `wait` then waits for too), so the other workers
         do not idle through a round of three runs. Returns how many are in flight.
         """
-        sigma, _ = noise_sigma(
-            self.lab.ledger, self.metric, self.plan.tier, epoch=identity.epoch_key(self.lab.config)
-        )
-        if sigma is not None:
+        if self.judge_.sigma(self.plan.tier) is not None:
             return 0
         tree, tier = self.lab.head_tree(), self.plan.tier
         # an interrupted search may have submitted them already
@@ -237,9 +207,7 @@ class _LabLoop:
         return len(pending)
 
     def report_noise_floor(self) -> None:
-        sigma, _ = noise_sigma(
-            self.lab.ledger, self.metric, self.plan.tier, epoch=identity.epoch_key(self.lab.config)
-        )
+        sigma = self.judge_.sigma(self.plan.tier)
         measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
         self.note(f"noise floor on {self.plan.tier}: {measured}")
 
@@ -280,7 +248,7 @@ class _LabLoop:
             description=f"search {plan.strategy} wave {index + 1}",
             tier=plan.screen_tier or plan.tier,
             spec={"spaces": list(plan.spaces)},
-            source="search",
+            source=Source.SEARCH,
             search=(plan.key(), index),
         )
         return wave.wave.id
@@ -337,11 +305,11 @@ class _LabLoop:
             exps = lab.submit(
                 f"search {plan.strategy}: main-effects step from {wave_id}",
                 sets=full,
-                overrides=head_files(lab),
+                overrides=lab.files_at(),
                 tier=plan.tier,
                 repeats=n,
                 wave=wave_id,
-                source="search",
+                source=Source.SEARCH,
             )
         except DuplicateExperimentError:  # measured before, outside this wave: nothing new to learn
             self.set_state(wave_id, stepped=())
@@ -350,32 +318,22 @@ class _LabLoop:
         self.wait_ids([e.id for e in exps], f"{wave_id} main-effects step")
 
     def promote(self, wave_id: str) -> str | None:
-        """Promote the screened wave's top k candidates that beat the incumbent's screen figure."""
+        """Promote the screened wave's top k candidates that beat the incumbent on the screen
+        (`Judge.screened`, the rule `nightlab promote --wave` uses too)."""
         lab, plan = self.lab, self.plan
-        head_tree = lab.head_tree()
-        by_tree: dict[str, list[Experiment]] = {}
-        for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
-            if e.ok and e.tree != head_tree:
-                by_tree.setdefault(e.tree, []).append(e)
-        incumbent = ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.screen_tier), self.metric)
-        sign = 1 if lab.config.metric.lower_is_better else -1
-        means = {}
-        for exps in by_tree.values():
-            values = ok_values(exps, self.metric)
-            mean = sum(values) / len(values)
-            if not incumbent or sign * mean < sign * (sum(incumbent) / len(incumbent)):
-                means[exps[0].id] = mean
-        if not means:
+        runs = [e for e, _ in wave_points(lab, lab.ledger.wave(wave_id))]
+        screened = self.judge_.screened(runs, plan.top_k)
+        if not screened.chosen:
             self.set_state(wave_id, promotion=None, screened="no candidate beat the incumbent on the screen")
             return None
-        chosen = pick(means, plan.top_k, lower_is_better=lab.config.metric.lower_is_better)
+        chosen = screened.chosen
         wave = promote(
             lab,
             chosen,
             tier=plan.tier,
             repeats=plan.repeats,
             description=f"promote top {len(chosen)} of {wave_id} to {plan.tier}",
-            screen={i: means[i] for i in chosen},
+            screen={i: screened.means[i] for i in chosen},
         )
         self.set_state(wave_id, promotion=wave.wave.id)
         return wave.wave.id
@@ -383,32 +341,18 @@ class _LabLoop:
     def judge(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
         """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
         lab, plan = self.lab, self.plan
-        head_tree = lab.head_tree()
+        inc = lab.incumbent()
         source_wave = self.state(wave_id).promotion if plan.screen_tier else wave_id
         by_obs = {o.id for o in observations}
         trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
-            if e.id in by_obs and e.tree != head_tree:
+            if e.id in by_obs and e.tree != inc.tree:
                 trees.setdefault(e.tree, e.id)
-        candidates: dict[str, list[float]] = {}
+        candidates: dict[str, str] = {}  # the observation -> the snapshot judged on the validation tier
         if source_wave:
             judged = {e.tree for e in lab.ledger.experiments(wave=source_wave, with_metrics=False)}
-            for tree, rep in trees.items():
-                if tree in judged:
-                    candidates[rep] = ok_values(
-                        lab.ledger.experiments(tree=tree, tier=plan.tier), self.metric
-                    )
-        incumbent = ok_values(lab.ledger.experiments(tree=head_tree, tier=plan.tier), self.metric)
-        if not incumbent:
-            return None
-        sigma, _ = noise_sigma(lab.ledger, self.metric, plan.tier, epoch=identity.epoch_key(lab.config))
-        return best_of_wave(
-            candidates,
-            incumbent,
-            noise_sigma=sigma,
-            z=lab.config.search.z,
-            lower_is_better=lab.config.metric.lower_is_better,
-        )
+            candidates = {rep: tree for tree, rep in trees.items() if tree in judged}
+        return self.judge_.best_of_wave(candidates, plan.tier, inc)
 
     def settle(self, wave_id: str, rep: str, decision: Any) -> bool:
         """Run the repeats that would settle a within-noise best, once per wave; False when out of reach."""
@@ -446,18 +390,16 @@ class _LabLoop:
     def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
         lab = self.lab
         picked = self.judge(wave_id, observations)
-        within = picked is not None and picked[1].verdict == "within-noise"
+        within = picked is not None and picked[1].verdict == Verdict.WITHIN_NOISE
         if within and self.plan.settle and self.settle(wave_id, *picked):
             picked = self.judge(wave_id, observations)
         if picked is None:
-            has_incumbent = bool(
-                ok_values(lab.ledger.experiments(tree=lab.head_tree(), tier=self.plan.tier), self.metric)
-            )
+            has_incumbent = bool(self.judge_.values(lab.head_tree(), self.plan.tier))
             verdict = "no candidate" if has_incumbent else "incumbent unmeasured"
             self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
             return None, verdict
         rep, decision = picked
-        adopted = rep if decision.verdict == "keep" else None
+        adopted = rep if decision.verdict == Verdict.KEEP else None
         self.set_state(wave_id, judged=True, adopted=adopted, verdict=decision.verdict)
         winner = next((o for o in observations if o.id == adopted), None)
         return winner, decision.verdict
@@ -466,120 +408,6 @@ class _LabLoop:
         self.adopt_id(observation.id)
 
     def adopt_id(self, experiment_id: str) -> None:
-        lab = self.lab
-        exp = lab.ledger.get(experiment_id)
         # The loop's own decision (best of the wave, corrected z) is the authority here: the stored
         # verdict of a screen run or of a run recorded before the incumbent's figure may differ.
-        lab.adopt(experiment_id, force=True)
-        for e in lab.ledger.experiments(tree=exp.tree, tier=self.plan.tier, with_metrics=False):
-            if e.ok:
-                lab.ledger.set_verdict(e.id, "keep")
-
-
-def run_search(
-    lab: Lab,
-    *,
-    strategy: str,
-    spaces: Sequence[str],
-    waves: int | None = None,
-    hours: float | None = None,
-    wave_size: int | None = None,
-    tier: str | None = None,
-    screen_tier: str | None = None,
-    top_k: int | None = None,
-    repeats: int = 2,
-    sampler: str = "tpe",
-    seed: int = 0,
-    settle: bool = True,
-    effects_step: bool = False,
-    # 50 ms: the loop sees a wave's last run end within ~0.05 s (bench/search_overhead.py: at 0.2 s
-    # the poll was a third of the 1.2 s between waves on a loaded 2-core box); one ledger read a poll
-    poll: float = 0.05,
-    on_wave: Callable[[Any], None] | None = None,
-    note: Callable[[str], None] = lambda _: None,
-    progress: Callable[[WaitProgress], None] | None = None,
-) -> Any:
-    """`nightlab search`: run (or resume) the automatic research loop in the foreground.
-
-    Args:
-        strategy: `factorial`, `optuna`, `greedy`, `pattern` or `surface`.
-        spaces: `NAME=...` search spaces over knobs of the incumbent.
-        waves: total waves of this search, earlier runs of the same search included.
-        hours: stop starting new waves after this many hours from now.
-        wave_size: proposals per wave (default: 1 for greedy, else the slots of the wave's tier).
-        tier: the validation tier (default: fleet.default_tier).
-        screen_tier: run each wave here first and promote the best `top_k` to `tier`.
-        top_k: candidates promoted per wave (default `[search] promote_top_k`).
-        repeats: runs of each promoted candidate on `tier`.
-        sampler: `tpe` or `gp` for the optuna strategy.
-        settle: whether the best of a wave that is within the noise gets the repeats that would
-            settle it, once per wave, when they fit in one round of the validation tier (at least 4).
-        effects_step: after each factorial wave, also run the combination its significant main
-            effects predict (one more round of up to 4 runs); see `_LabLoop.effects_step`.
-        on_wave: called with each wave's `WaveSummary`.
-        note: receives progress lines for people (noise floor, resumed waves, unsettled bests).
-        progress: called on every poll while the search waits for runs, with a `WaitProgress`.
-
-    Returns:
-        The `search.strategies.LoopResult`.
-
-    Raises:
-        UsageError: no budget, a bad space, strategy or tier (the existing tiers are named).
-    """
-    from nightlab.search.strategies import make_strategy, run_loop
-
-    if waves is None and hours is None:
-        raise UsageError("the search needs a budget: give --waves N or --hours H")
-    dims = parse_spaces(lab, spaces)
-    tier = lab.check_tier(tier or lab.config.fleet.default_tier)
-    if screen_tier is not None:
-        lab.check_tier(screen_tier)
-        if screen_tier == tier:
-            raise UsageError(f"the screening tier `{screen_tier}` is the validation tier; name a cheaper one")
-    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better}
-    if strategy == "optuna":
-        options["sampler"] = sampler
-    make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
-    size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
-    plan = SearchPlan(
-        strategy=strategy,
-        spaces=tuple(d.spec() for d in dims),
-        tier=tier,
-        screen_tier=screen_tier,
-        wave_size=size,
-        top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
-        repeats=repeats,
-        settle=settle,
-        effects_step=effects_step,
-    )
-    loop = _LabLoop(lab, plan, dims, poll=poll, note=note, progress=progress)
-    loop.finish_adoption()
-    history, done, pending = loop.replay()
-    if done or pending:
-        note(f"resuming: {done} waves judged" + (f", waiting for {pending}" if pending else ""))
-    in_flight = loop.start_noise_floor()
-    # A resumed Optuna study replays the history, but its random draws follow the seed alone.
-    search = make_strategy(strategy, dims, seed=seed + len(history), **options)
-    for past, values in loop.past_incumbents():
-        search.observe_incumbent(past, values)
-    knobs = head_knobs(lab)
-    return run_loop(
-        search,
-        incumbent={d.name: knobs[d.name].source for d in dims},
-        wave_size=size,
-        # the repeats share the first wave's round when both run on the validation tier
-        first_wave_size=max(1, size - in_flight) if in_flight and not (pending or screen_tier) else None,
-        submit_wave=loop.submit,
-        wait_wave=loop.wait,
-        decide=loop.decide,
-        adopt=loop.adopt,
-        waves=waves,
-        deadline=None if hours is None else time.time() + hours * 3600,
-        history=history,
-        waves_done=done,
-        resume_wave=pending,
-        on_wave=on_wave,
-        incumbent_values=lambda: ok_values(
-            lab.ledger.experiments(tree=lab.head_tree(), tier=plan.tier), lab.config.metric.name
-        ),
-    )
+        self.lab.adopt(experiment_id, force=True, decided_on=self.plan.tier)

@@ -1,0 +1,336 @@
+"""The judge: the only code that decides and writes a verdict, and the source of every hint about one.
+
+A verdict is written at three moments, all of them here:
+
+    a run ends           `Judge.end` gives the verdict stored with the outcome, in the ledger
+                         transaction that ends the attempt; `Judge.ended` then gives the
+                         snapshot's other runs the verdict their pooled figure earns, and, when the
+                         incumbent's own figure moved, re-judges the candidates judged too early
+    a run cannot start   the same `Judge.end`: a launch refused is `invalid`, like a run that says
+                         its result cannot be trusted
+    adoption             `Judge.adopted`: the adopted run (and, for a search's own decision, the
+                         snapshot's runs on the tier it was decided on) carry `keep`
+
+The fleet's controller never imports this module: the lab hands it a `Judge` as its verdict
+policy (`fleet.controller.VerdictPolicy`).
+
+Outcome -> verdict (`Judge.verdict`):
+
+    cancelled                               none (it says nothing about the idea)
+    degraded                                degraded: the machine starved or throttled the run
+                                            (fleet/health.py); recorded, never judged, re-run once
+    invalid                                 invalid: integrity probe, data fingerprint, harness
+                                            refusal, a remote worker's other code hash, a refused
+                                            launch (fleet/runner.py, harness/owned.py)
+    crash:*, timeout, infra (retries spent) crash
+    ok, the incumbent's own files           keep when the snapshot was ever adopted, else baseline
+    ok, a candidate                         `search.decide.verdict` against the incumbent on the
+                                            same tier: keep / within-noise / discard; none while
+                                            the incumbent has no figure there
+
+z: a candidate of a wave of m candidates is one of m comparisons against one incumbent, so its z
+is raised by the Sidak correction (`search.decide.adjusted_z`; at z = 2 the best of 8 null
+candidates is kept in 13 % of waves uncorrected, 2.3 % for one comparison). The wave that counts
+is the one the snapshot first ran in on that tier (`Judge.z_for`): repeats submitted afterwards
+(`nightlab submit --from`, settle repeats) are judged with the same z, and so is the settle hint
+that told someone to run them (`Judge.settle_hint`), so the printed repeats do settle the call.
+
+A verdict keeps what it was judged against (`Judge.context`: incumbent commit, identity, figure).
+Trust marks (`harness` / `unsandboxed` / `self-reported`, harness/owned.py) never change a
+verdict: they say who vouches for the figure it was reached on, and `Judge.trust` is what listings
+print beside it. `results.tsv`'s status column is the judge's too (`tsv_status`): `keep` only for
+the snapshots the lab adopted and its baseline, so a `keep` nobody adopted reads `discard` there,
+as in autoresearch, where `keep` means the change is on the branch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nightlab import identity
+from nightlab.analysis import figure, noise_sigma, ok_values
+from nightlab.config import LabConfig
+from nightlab.identity import Incumbent
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Outcome, Verdict
+from nightlab.search.decide import Decision, Figure, adjusted_z, best_of_wave, promote, verdict
+
+__all__ = ["Judge", "Screened", "kept", "trust", "tsv_status"]
+
+# verdicts a run still earns again when the incumbent's figure or the noise floor moves
+_PROVISIONAL = (None, Verdict.WITHIN_NOISE)
+# what a screened candidate needs to be promoted to the validation tier
+_PROMOTABLE = (Verdict.KEEP, Verdict.WITHIN_NOISE)
+
+
+def kept(e: Experiment, adopted_trees: Iterable[str]) -> bool:
+    """Whether a run counts as kept: its snapshot was adopted (or is the baseline) and it ran ok.
+
+    A run that beat the incumbent but lost to its wave's best carries `keep` without being on the
+    branch: not kept. `report.progress_png`, the dashboard's progress line and results.tsv all ask this.
+    """
+    if not e.ok:
+        return False
+    if e.adopted_at is not None or e.verdict == Verdict.BASELINE:
+        return True
+    return e.verdict == Verdict.KEEP and e.tree in set(adopted_trees)
+
+
+def tsv_status(e: Experiment, adopted_trees: Iterable[str]) -> str:
+    """The autoresearch status of a run in results.tsv: keep, discard or crash."""
+    if e.degraded:  # it ran to the end on a starved or throttled machine: not kept, not a crash
+        return "discard"
+    if not e.ok:
+        return "crash"
+    return "keep" if kept(e, adopted_trees) else "discard"
+
+
+def trust(e: Experiment, config: LabConfig) -> str:
+    """Who vouches for a run's figures: `harness`, `unsandboxed` or `self-reported` (harness/owned.py).
+
+    Shown beside every verdict (results, show, the dashboard, results-wide.tsv); it never changes one.
+    """
+    from nightlab.harness.owned import trust as vouched
+
+    return vouched(e.metrics, builtin=config.target.builtin)
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The candidates of a screening wave that go on to the validation tier, with their screen means."""
+
+    means: dict[str, float]  # the run standing for each snapshot -> its mean on the screening tier
+    chosen: list[str]  # the top k of `means`, best first
+
+
+class Judge:
+    """The verdict policy of one lab: decides verdicts and hints, and is the only writer of verdicts.
+
+    Args:
+        ledger: the lab's ledger.
+        config: the configuration in force (metric, direction, `[search] z`).
+        lab_dir: the lab (its HEAD is the incumbent).
+    """
+
+    def __init__(self, ledger: Ledger, config: LabConfig, lab_dir: Path) -> None:
+        self.ledger, self.config, self.lab_dir = ledger, config, Path(lab_dir)
+        self.metric = config.metric.name
+        self.lower_is_better = config.metric.lower_is_better
+
+    # ------------------------------------------------------------------ figures
+
+    def incumbent(self) -> Incumbent:
+        return identity.incumbent(self.lab_dir)
+
+    def values(self, tree: str, tier: str) -> list[float]:
+        """The metric of every ok run of the snapshot `tree` on `tier`."""
+        return ok_values(self.ledger.experiments(tree=tree, tier=tier), self.metric)
+
+    def incumbent_figure(self, tier: str, inc: Incumbent | None = None) -> Figure | None:
+        return figure(self.values((inc or self.incumbent()).tree, tier))
+
+    def sigma(self, tier: str) -> float | None:
+        """The tier's noise floor in the comparison epoch in force."""
+        return noise_sigma(self.ledger, self.metric, tier, epoch=identity.epoch_key(self.config))[0]
+
+    def context(self, tier: str, inc: Incumbent | None = None) -> dict[str, Any]:
+        """What a verdict given now is judged against: the incumbent (commit, identity) and its figure."""
+        inc = inc or self.incumbent()
+        f = self.incumbent_figure(tier, inc)
+        return {
+            "incumbent": inc.commit,
+            "tree": inc.tree,
+            "mean": f.mean if f else None,
+            "n": f.n if f else 0,
+        }
+
+    # ------------------------------------------------------------------ the rules
+
+    def wave_z(self, wave: str | None, head_tree: str) -> float:
+        """`[search] z`, raised for a member of `wave` by the Sidak correction for its candidate count."""
+        if wave is None:
+            return self.config.search.z
+        trees = {e.tree for e in self.ledger.experiments(wave=wave, with_metrics=False)} - {head_tree}
+        return adjusted_z(self.config.search.z, len(trees))
+
+    def z_for(self, tree: str, tier: str, head_tree: str) -> float:
+        """The z a snapshot is judged with on `tier`: that of the wave it first ran in there."""
+        runs = self.ledger.experiments(tree=tree, tier=tier, with_metrics=False)
+        first = min(runs, key=lambda e: e.seq, default=None)
+        return self.wave_z(first.wave if first else None, head_tree)
+
+    def decision(
+        self, tree: str, tier: str, *, extra: float | None = None, inc: Incumbent | None = None
+    ) -> Decision | None:
+        """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable.
+
+        `extra` is a result of `tree` that is not in the ledger yet (the run being recorded).
+        """
+        inc = inc or self.incumbent()
+        incumbent = self.values(inc.tree, tier)
+        candidate = self.values(tree, tier)
+        if extra is not None:
+            candidate.append(extra)
+        if not incumbent or not candidate:
+            return None
+        return verdict(
+            candidate,
+            incumbent,
+            noise_sigma=self.sigma(tier),
+            z=self.z_for(tree, tier, inc.tree),
+            lower_is_better=self.lower_is_better,
+        )
+
+    def verdict(
+        self, exp: Experiment, outcome: str, value: float | None, inc: Incumbent | None = None
+    ) -> Verdict | None:
+        """The verdict a run of `exp` that ended with `outcome` and metric `value` earns now (module table)."""
+        outcome = Outcome(outcome)
+        if outcome == Outcome.CANCELLED:
+            return None
+        if outcome == Outcome.DEGRADED:
+            return Verdict.DEGRADED
+        if outcome == Outcome.INVALID:
+            return Verdict.INVALID
+        if outcome != Outcome.OK:
+            return Verdict.CRASH
+        inc = inc or self.incumbent()
+        if exp.tree == inc.tree:
+            # the incumbent's own runs: kept if it came from an adoption, else the starting point
+            runs = self.ledger.experiments(tree=exp.tree, with_metrics=False)
+            return Verdict.KEEP if any(e.adopted_at is not None for e in runs) else Verdict.BASELINE
+        decision = self.decision(exp.tree, exp.tier, extra=value, inc=inc)
+        return Verdict(decision.verdict) if decision is not None else None
+
+    def settle_hint(self, exp: Experiment, inc: Incumbent | None = None) -> str:
+        """One line telling how to settle a within-noise result: which repeats to run.
+
+        The repeats come from the same decision (and z) that gave the stored verdict.
+        """
+        decision = self.decision(exp.tree, exp.tier, inc=inc)
+        repeats = decision.repeats_to_settle if decision is not None else None
+        if repeats is None:
+            return (
+                f"{exp.id} is within noise and the gain is too small to settle with a few runs; "
+                f"measure the noise floor with `nightlab noise --tier {exp.tier}` or treat it as no gain"
+            )
+        steps = [f'`nightlab submit --from {exp.id} --repeats {repeats.candidate} -m "repeat {exp.id}"`']
+        if repeats.incumbent:
+            steps.append(f"`nightlab noise --repeats {repeats.incumbent} --tier {exp.tier}`")
+        return f"{exp.id} is within noise: settle it with " + " and ".join(steps)
+
+    def trust(self, exp: Experiment) -> str:
+        """Who vouches for the figure a verdict was reached on (`trust`)."""
+        return trust(exp, self.config)
+
+    def best_of_wave(
+        self, candidates: Mapping[str, str], tier: str, inc: Incumbent | None = None
+    ) -> tuple[str, Decision] | None:
+        """A search wave's best candidate on `tier` and its decision, z corrected for the candidates measured.
+
+        Args:
+            candidates: the run standing for each candidate -> its snapshot (`tree`).
+
+        Returns:
+            (run id, decision), or None when the incumbent or every candidate is unmeasured there.
+        """
+        inc = inc or self.incumbent()
+        incumbent = self.values(inc.tree, tier)
+        if not incumbent:
+            return None
+        return best_of_wave(
+            {rep: self.values(tree, tier) for rep, tree in candidates.items()},
+            incumbent,
+            noise_sigma=self.sigma(tier),
+            z=self.config.search.z,
+            lower_is_better=self.lower_is_better,
+        )
+
+    def screened(self, runs: Sequence[Experiment], k: int, inc: Incumbent | None = None) -> Screened:
+        """The candidates among a screening wave's `runs` to promote: verdict keep or within-noise on
+        their tier (they beat the incumbent there), the best `k` by mean.
+
+        `waves.promote_wave` and the search loop's screen both ask this, so they promote the same runs.
+        """
+        head_tree = (inc or self.incumbent()).tree
+        by_tree: dict[str, list[Experiment]] = {}
+        for e in runs:
+            if e.ok and e.tree != head_tree and e.verdict in _PROMOTABLE:
+                by_tree.setdefault(e.tree, []).append(e)
+        means = {
+            group[0].id: statistics.fmean(self.values(tree, group[0].tier)) for tree, group in by_tree.items()
+        }
+        chosen = promote(means, k, lower_is_better=self.lower_is_better) if means else []
+        return Screened(means, chosen)
+
+    # ------------------------------------------------------------------ the writes
+
+    def end(
+        self, exp: Experiment, outcome: str, value: float | None
+    ) -> tuple[Verdict | None, dict[str, Any] | None]:
+        """The verdict and judged context to store with a final end of `exp` (`Ledger.finish_attempt`)."""
+        inc = self.incumbent()
+        judged = self.context(exp.tier, inc) if outcome == Outcome.OK else None
+        return self.verdict(exp, outcome, value, inc), judged
+
+    def ended(
+        self, exp: Experiment, outcome: str, verdict: Verdict | str | None, judged: dict[str, Any] | None
+    ) -> None:
+        """After a run's final end was stored: its siblings' verdicts, and the candidates judged too early."""
+        if outcome != Outcome.OK:
+            return
+        self._refresh_siblings(exp, verdict, judged)
+        if verdict in (Verdict.KEEP, Verdict.BASELINE):
+            inc = self.incumbent()
+            if exp.tree == inc.tree:
+                # the incumbent's figure (and maybe the noise floor) changed: candidates judged
+                # too early get their verdict now, not when someone happens to read them
+                self.refresh_pending(exp.tier, inc)
+
+    def _refresh_siblings(
+        self, exp: Experiment, verdict: Verdict | str | None, judged: dict[str, Any] | None
+    ) -> None:
+        """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now."""
+        for other in self.ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
+            if other.id != exp.id and other.ok and other.verdict != verdict:
+                self.ledger.set_verdict(other.id, verdict, judged=judged)
+
+    def refresh_pending(self, tier: str, inc: Incumbent | None = None) -> None:
+        """Re-judge the incumbent's candidates on `tier` whose verdict was recorded before it could be.
+
+        A run that ended before the incumbent had a figure on its tier has no verdict, and one judged
+        before the tier had a noise floor is `within-noise` by default. Every snapshot derived from
+        the incumbent (its parent is HEAD) with such a verdict gets the one its runs earn now.
+        """
+        inc = inc or self.incumbent()
+        seen: set[str] = set()
+        candidates = self.ledger.experiments(
+            status=ExperimentStatus.FINISHED, tier=tier, parent=inc.commit, with_metrics=False
+        )
+        for e in candidates:
+            if e.tree in seen or e.tree == inc.tree or not e.ok or e.verdict not in _PROVISIONAL:
+                continue
+            seen.add(e.tree)
+            new = self.verdict(e, Outcome.OK, None, inc)
+            if new is not None and new != e.verdict:
+                judged = self.context(tier, inc)
+                self.ledger.set_verdict(e.id, new, judged=judged)
+                self._refresh_siblings(e, new, judged)
+
+    def adopted(self, exp: Experiment, *, decided_on: str | None = None) -> None:
+        """Record the adoption of `exp` and the verdicts it implies.
+
+        A forced adoption keeps the run's own verdict (it was adopted, not judged better); one without
+        a verdict yet gets `keep`. `decided_on` is the tier a search judged it on (its decision, best
+        of the wave with the corrected z, is the authority there): the snapshot's ok runs on that tier
+        then carry `keep`, whatever a screen run or a run recorded too early said.
+        """
+        self.ledger.mark_adopted(exp.id, verdict=exp.verdict or Verdict.KEEP)
+        if decided_on is None:
+            return
+        for e in self.ledger.experiments(tree=exp.tree, tier=decided_on, with_metrics=False):
+            if e.ok:
+                self.ledger.set_verdict(e.id, Verdict.KEEP)
