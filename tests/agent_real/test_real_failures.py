@@ -1,7 +1,7 @@
 """How the supervisor handles the real CLIs' failures, played by the scripted server.
 
 - running as root: Claude Code's guard, met with a one-line refusal, never a restart loop;
-- an API outage (529 / 500 for a while): read from the real transcript, waited out with a
+- an API outage (a 429, then 529 / 500 for a while): read from the real transcript, waited out with a
   capped exponential backoff shown in `agent status` and the dashboard, resumed on recovery,
   while the fleet keeps running;
 - a full context ("prompt is too long", "ran out of room"): a restart with a fresh prompt;
@@ -74,7 +74,8 @@ def test_an_api_outage_is_waited_out_with_backoff_and_the_fleet_keeps_running(
     agent_toml(lab, "api_backoff_seconds = 1\napi_backoff_max_seconds = 2\n")
     slow = nightlab("submit", "-m", "slow", "--set", "SLEEP=6", cwd=lab).stdout.split()[0]
     with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:
-        server.fail(OUTAGE[cli], 10**6)
+        server.fail("429", 1)  # rate limited first (Codex gives up at once without Retry-After)
+        server.fail(OUTAGE[cli], 10**6)  # then overloaded / down until cleared
         env = cli_env(cli, server.url, tmp_path / "home", bins)
         proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "1", "--stall-seconds", "60")
         try:
@@ -105,7 +106,8 @@ def test_an_api_outage_is_waited_out_with_backoff_and_the_fleet_keeps_running(
     first = (lab / ".nightlab" / "agent" / "transcript-1.log").read_text()
     # the real failure, as each CLI writes it
     assert ('"terminal_reason":"api_error"' if cli == "claude" else '"type":"turn.failed"') in first
-    assert {r.answered for r in server.requests} >= {OUTAGE[cli], "nightlab results --json"}
+    assert [r.answered for r in server.requests][0] == "429"
+    assert {r.answered for r in server.requests} >= {"429", OUTAGE[cli], "nightlab results --json"}
 
 
 @pytest.mark.parametrize("cli", CLIS)
