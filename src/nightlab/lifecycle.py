@@ -7,10 +7,14 @@ Two processes live beside a lab and follow the same rules: the fleet controller
   kernel drops it however the process dies, so a stale lock never blocks a restart.
 - **pid file**: written once the lock is held (and the stop signal handled), removed on the
   way out. It is read only while the lock is held, so a stale file is never trusted.
-- **running pid**: None when nobody holds the lock; the pid when the holder wrote it; -1
-  while it starts (lock held, pid not yet written).
+- **starting note**: `start` writes the new process's pid to `*.starting` at once, so a
+  process that has not taken the lock yet is seen too (for at most `START_GRACE` s, and only
+  while that pid runs a command line with the singleton's marker).
+- **running pid**: None when nobody holds the lock and nothing is starting; the pid when the
+  holder wrote it; -1 while one starts (noted, or lock held and pid not yet written).
 - **stop**: SIGTERM to the pid, then wait for the lock to drop. A process that is still
-  starting is waited for until its pid is known, then signalled. Signalling it is what makes
+  starting gets it at its noted pid (before its handler exists, SIGTERM's default action ends
+  it) or, once it holds the lock, at its published pid. Signalling it is what makes
   the stop stick: a stop request written somewhere else before the process read it could be
   reset by the start (the controller's start reset the ledger's stop flag: `fleet stop` then
   timed out while the controller ran on).
@@ -20,7 +24,7 @@ local runs, the agent and these processes: a pid we may not signal exists (alive
 not ours when a marker is asked for (a recycled pid of another user's process).
 
 Usage:
-    controller = Singleton(lab / ".nightlab" / "controller.lock", lab / ".nightlab" / "controller.pid")
+    controller = fleet.daemon.process(lab)        # Singleton(lock, pid file, marker)
     with controller.hold(patience=0.5) as held:   # in the process itself
         ...
     controller.stop(timeout=30)                   # from anywhere
@@ -41,6 +45,9 @@ from pathlib import Path
 from nightlab.locks import try_lock
 
 POLL = 0.05  # seconds between looks while waiting for a start or a stop
+# A started process takes its lock within seconds (the controller's start waits 20 s at most);
+# a `starting` note older than this is a start that failed, whatever its pid runs now.
+START_GRACE = 60.0
 
 
 def alive(pid: int | None, *, marker: str | None = None) -> bool:
@@ -118,8 +125,8 @@ class ProcessTimeout(Exception):
 class Singleton:
     """One background process of a lab, known by its lock file and its pid file.
 
-    `marker` is a string in the process's command line (the lab's path): a `starting` pid
-    that no longer runs it was recycled and is ignored.
+    `marker` is a string in the process's command line (NUL-separated arguments, e.g. the
+    module and the lab's path): a `starting` pid that no longer runs it was recycled and is ignored.
     """
 
     lock_path: Path
@@ -139,8 +146,13 @@ class Singleton:
         return _read_pid(self.pid_path) or -1
 
     def _starting(self) -> int | None:
+        try:
+            noted = self.starting_path.stat().st_mtime
+        except FileNotFoundError:
+            return None
         pid = _read_pid(self.starting_path)
-        if not alive(pid):
+        if not alive(pid) or time.time() - noted > START_GRACE:
+            # a start that failed before it took the lock (or a recycled pid): not starting
             return None
         # measured: for a moment after Popen returns the new process's command line is empty
         # (it is still exec'ing); that is the process we started, not a recycled pid

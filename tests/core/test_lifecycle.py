@@ -19,7 +19,7 @@ import pytest
 
 from nightlab.agent import control
 from nightlab.fleet import daemon, local
-from nightlab.lifecycle import Singleton, alive, group_alive
+from nightlab.lifecycle import START_GRACE, Singleton, alive, group_alive
 from nightlab.lifecycle import _read_pid as read_pid
 from nightlab.locks import try_lock
 
@@ -32,7 +32,7 @@ OWNER = textwrap.dedent(
     from nightlab.lifecycle import Singleton
     from nightlab.locks import try_lock
     lock, pid, start = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
-    process = Singleton(lock, pid, marker=sys.argv[4])
+    process = Singleton(lock, pid, marker=chr(0).join(sys.argv[4:]) + chr(0))
     stopped = []
     with try_lock(lock, patience=5) as got:
         assert got is not None
@@ -56,8 +56,9 @@ def running(lab: Path, kind: str) -> int | None:
 
 
 def owner(process: Singleton, lab: Path, start: float) -> subprocess.Popen:
-    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start), str(lab)]
-    return process.start(args, lab / "owner.log")
+    # the stand-in's command line carries the real one's marker (`marker.split("\0")` as arguments)
+    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start)]
+    return process.start([*args, *process.marker.split("\0")[:-1]], lab / "owner.log")
 
 
 @pytest.fixture
@@ -131,6 +132,12 @@ def test_a_stale_note_or_pid_file_is_not_trusted(lab):
     # a live pid that is not ours (no marker in its command line) is no starting owner either
     process.starting_path.write_text(str(os.getpid()))
     assert Singleton(process.lock_path, process.pid_path, marker="/no/such/lab").running_pid() is None
+    # nor is one that is ours but was noted longer ago than any start takes (its start failed)
+    ours = Singleton(process.lock_path, process.pid_path, marker="python")
+    assert ours.running_pid() == -1
+    old = time.time() - START_GRACE - 1
+    os.utime(process.starting_path, (old, old))
+    assert ours.running_pid() is None
 
 
 def test_alive_has_one_answer_for_every_caller(tmp_path):

@@ -3,6 +3,10 @@
 The built-in lines are measured against the pinned CLI versions in docs/agents.md (Claude
 Code 2.1.332, Codex 0.171.0); `[agent.commands]` in nightlab.toml adds or overrides names.
 
+Also how one session runs it: its argv (`session_argv`), its environment (`session_env`: the
+prompt file, `IS_SANDBOX=1` for Claude's unattended line as root) and the one line for a CLI
+that exits at start (`start_failure`).
+
 Usage:
     command = resolve_agent("claude", lab.config.agent)   # AgentCommand(name, argv)
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +93,45 @@ def resolve_agent(agent: str | None, config: AgentConfig) -> AgentCommand:
             "`--agent 'COMMAND'`"
         )
     return AgentCommand(name, argv)
+
+
+# ---------------------------------------------------------------------------- one session's command
+
+
+def session_argv(command: AgentCommand, prompt_path: Path, *, cost_left: float | None) -> list[str]:
+    """The argv of one session: `{prompt_file}` filled in; Claude Code gets what is left of the cap."""
+    argv = [a.replace("{prompt_file}", str(prompt_path)) for a in command.argv]
+    if Path(argv[0]).name == "claude" and cost_left is not None and "--max-budget-usd" not in argv:
+        # Claude Code stops itself at what is left of the cap, so a long session cannot overrun it
+        argv[1:1] = ["--max-budget-usd", f"{max(0.0, cost_left):.4f}"]
+    return argv
+
+
+def session_env(command: AgentCommand, prompt_path: Path, *, session: int, lab_dir: Path) -> dict[str, str]:
+    """The environment of one session: the prompt file, the lab, this nightlab first on PATH."""
+    # the agent's `nightlab` must be this nightlab, whatever PATH the user's shell had
+    bindir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "NIGHTLAB_PROMPT_FILE": str(prompt_path),
+        "NIGHTLAB_DIR": str(lab_dir),
+        "NIGHTLAB_AGENT_SESSION": str(session),
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+    }
+    if command.cli == "claude" and CLAUDE_UNATTENDED_FLAG in command.argv and os.geteuid() == 0:
+        # only "1" counts: measured, `IS_SANDBOX=yes` (set on some hosted machines) is refused
+        env[CLAUDE_SANDBOX_ENV] = "1"
+    return env
+
+
+def start_failure(command: AgentCommand, code: int, tail: str) -> str:
+    """The one line for a built-in CLI that exited at start without a transcript, with the fix."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    last = lines[-1] if lines else "(no output)"
+    hint = "run it by hand in the lab to see why"
+    if "root" in last and command.cli == "claude":
+        hint = (
+            f"run as a normal user, or use the built-in `--agent claude` line (it sets {CLAUDE_SANDBOX_ENV}=1 "
+            "as root)"
+        )
+    return f"`{command.cli}` exited at start (code {code}) without a transcript: {last}; {hint}"

@@ -36,9 +36,9 @@ def agent_dir(lab_dir: Path) -> Path:
 def process(lab_dir: Path) -> Singleton:
     """The lab's agent supervisor as a background process (lock, pid file)."""
     directory = agent_dir(lab_dir)
-    return Singleton(
-        directory / "supervisor.lock", directory / "supervisor.pid", marker=str(lab_dir.resolve())
-    )
+    # the arguments `start_background` passes end `... --lab LAB_DIR`
+    marker = f"--lab\0{lab_dir.resolve()}\0"
+    return Singleton(directory / "supervisor.lock", directory / "supervisor.pid", marker=marker)
 
 
 def read_state(lab_dir: Path, *, import_old: bool = True) -> dict[str, Any] | None:

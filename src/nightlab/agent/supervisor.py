@@ -39,7 +39,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nightlab.agent.commands import CLAUDE_SANDBOX_ENV, CLAUDE_UNATTENDED_FLAG, AgentCommand
+from nightlab.agent.commands import CLAUDE_SANDBOX_ENV, AgentCommand, session_argv, session_env, start_failure
 from nightlab.agent.control import agent_dir, process, running_pid
 from nightlab.agent.transcripts import (
     SessionReport,
@@ -308,33 +307,6 @@ class Supervisor:
             left = max(0, lim.max_experiments - self.state.experiments_submitted)
         return Budget(hours_left=hours, experiments_left=left)
 
-    def _argv(self, prompt_path: Path) -> list[str]:
-        argv = [a.replace("{prompt_file}", str(prompt_path)) for a in self.command.argv]
-        if (
-            Path(argv[0]).name == "claude"
-            and self.limits.max_cost is not None
-            and "--max-budget-usd" not in argv
-        ):
-            # Claude Code stops itself at what is left of the cap, so a long session cannot overrun it
-            left = max(0.0, self.limits.max_cost - self.state.cost_usd)
-            argv[1:1] = ["--max-budget-usd", f"{left:.4f}"]
-        return argv
-
-    def _env(self, prompt_path: Path, n: int) -> dict[str, str]:
-        # the agent's `nightlab` must be this nightlab, whatever PATH the user's shell had
-        bindir = str(Path(sys.executable).parent)
-        env = {
-            **os.environ,
-            "NIGHTLAB_PROMPT_FILE": str(prompt_path),
-            "NIGHTLAB_DIR": str(self.lab_dir),
-            "NIGHTLAB_AGENT_SESSION": str(n),
-            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-        }
-        if self.command.cli == "claude" and CLAUDE_UNATTENDED_FLAG in self.command.argv and os.geteuid() == 0:
-            # only "1" counts: measured, `IS_SANDBOX=yes` (set on some hosted machines) is refused
-            env[CLAUDE_SANDBOX_ENV] = "1"
-        return env
-
     def _session(self, lab, reason: str | None) -> SessionEnd:
         from nightlab.agent.prompt import build_prompt
 
@@ -343,8 +315,9 @@ class Supervisor:
         prompt_path = directory / f"prompt-{n}.md"
         transcript = directory / f"transcript-{n}.log"
         prompt_path.write_text(build_prompt(lab, session=n, reason=reason, budget=self._budget()))
-        argv = self._argv(prompt_path)
-        env = self._env(prompt_path, n)
+        cost_left = None if self.limits.max_cost is None else self.limits.max_cost - self.state.cost_usd
+        argv = session_argv(self.command, prompt_path, cost_left=cost_left)
+        env = session_env(self.command, prompt_path, session=n, lab_dir=self.lab_dir)
         if reason is None and env.get(CLAUDE_SANDBOX_ENV) != os.environ.get(CLAUDE_SANDBOX_ENV):
             self.log(f"running as root: {CLAUDE_SANDBOX_ENV}=1 set for Claude Code's unattended line")
         try:
@@ -445,22 +418,11 @@ class Supervisor:
             and report.cli is None
             and time.time() - started < START_FAILURE_SECONDS
         ):
-            error = self._start_failure(code, tail)
+            error = start_failure(self.command, code, tail)
             self._save(error=error)
             self.log(error)
             return SessionEnd("failed-at-start", True, code, report)
         return SessionEnd(f"exit {code}", False, code, report)
-
-    def _start_failure(self, code: int, tail: str) -> str:
-        lines = [line.strip() for line in tail.splitlines() if line.strip()]
-        last = lines[-1] if lines else "(no output)"
-        hint = "run it by hand in the lab to see why"
-        if "root" in last and self.command.cli == "claude":
-            hint = (
-                f"run as a normal user, or use the built-in `--agent claude` line (it sets {CLAUDE_SANDBOX_ENV}=1 "
-                "as root)"
-            )
-        return f"`{self.command.cli}` exited at start (code {code}) without a transcript: {last}; {hint}"
 
     def _watch(self, lab, proc: subprocess.Popen, transcript: Path, follow: Callable[[], None]) -> SessionEnd:
         size = 0

@@ -26,7 +26,9 @@ START_TIMEOUT = 20.0
 def process(lab_dir: Path) -> Singleton:
     """The lab's controller as a background process (lock, pid file)."""
     state = lab_dir / ".nightlab"
-    return Singleton(state / "controller.lock", state / "controller.pid", marker=str(lab_dir.resolve()))
+    # the arguments `start_background` passes: `... -m nightlab.fleet.daemon LAB_DIR`
+    marker = f"nightlab.fleet.daemon\0{lab_dir.resolve()}\0"
+    return Singleton(state / "controller.lock", state / "controller.pid", marker=marker)
 
 
 def running_pid(lab_dir: Path) -> int | None:
