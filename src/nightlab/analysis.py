@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nightlab import identity
 from nightlab.config import LabConfig
-from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Verdict
+from nightlab.ledger import Experiment, ExperimentStatus, Ledger, RankKey, Verdict
 from nightlab.search.decide import Figure, pooled_sd
 
 
@@ -88,37 +88,100 @@ class ResultRow:
         }
 
 
-def results(
-    ledger: Ledger, config: LabConfig, lab_dir: Path, *, tier: str | None = None
-) -> tuple[list[ResultRow], dict[str, Figure | None]]:
+@dataclass(frozen=True)
+class Ranked:
+    """One experiment's place in the results, before its row is decoded (`RankKey` + the comparison)."""
+
+    key: RankKey
+    value: float | None
+    delta: float | None
+    earlier_incumbent: bool = False
+    incumbent: bool = False
+
+
+def ranking(
+    ledger: Ledger,
+    config: LabConfig,
+    lab_dir: Path,
+    *,
+    tier: str | None = None,
+    experiments: list[Experiment] | None = None,
+) -> tuple[list[Ranked], dict[str, Figure | None]]:
     """All experiments (optionally of one tier), ok runs best first, then the rest by recency.
 
-    Returns the rows and the incumbent's figure per tier.
+    Reads `ledger.rank_keys` only (no row decoded): at 20,000 experiments this is what lets a
+    listing rank everything and decode just the rows it shows (`result_rows`).
+
+    `experiments`: the (already decoded) experiments of `tier` to rank instead of reading keys.
+
+    Returns the ranked keys and the incumbent's figure per tier.
     """
     metric = config.metric.name
-    exps = ledger.experiments(tier=tier)
+    if experiments is None:
+        keys = ledger.rank_keys(metric, tier=tier)
+    else:
+        keys = [RankKey.of(e, metric) for e in experiments]
     head_tree = identity.incumbent(lab_dir).tree
-    tiers = sorted({e.tier for e in exps} | ({tier} if tier else set()))
+    tiers = sorted({k.tier for k in keys} | ({tier} if tier else set()))
     incumbents = {
-        t: figure(ok_values([e for e in exps if e.tree == head_tree and e.tier == t], metric)) for t in tiers
+        t: figure(ok_values([k for k in keys if k.tree == head_tree and k.tier == t], metric)) for t in tiers
     }
-    rows = []
+    ranked = []
     current = identity.epoch_key(config)
-    for e in exps:
-        value = e.metric(metric) if e.ok else None
-        inc = incumbents.get(e.tier)
+    for k in keys:
+        ok = k.ok
+        value = k.value if ok else None
+        inc = incumbents.get(k.tier)
         # a run of another comparison epoch was measured differently: no delta against today's incumbent
-        comparable = value is not None and inc is not None and e.epoch == current
-        earlier = bool(e.judged) and e.judged.get("tree") != head_tree and e.tree != head_tree
-        rows.append(
-            ResultRow(
-                e, value, value - inc.mean if comparable else None, earlier, e.ok and e.tree == head_tree
-            )
+        comparable = value is not None and inc is not None and k.epoch == current
+        earlier = k.judged_tree is not None and k.judged_tree != head_tree and k.tree != head_tree
+        ranked.append(
+            Ranked(k, value, value - inc.mean if comparable else None, earlier, ok and k.tree == head_tree)
         )
     sign = 1 if config.metric.lower_is_better else -1
-    ok = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.experiment.seq))
-    rest = sorted((r for r in rows if r.value is None), key=lambda r: -r.experiment.seq)
+    ok = sorted((r for r in ranked if r.value is not None), key=lambda r: (sign * r.value, r.key.seq))
+    rest = sorted((r for r in ranked if r.value is None), key=lambda r: -r.key.seq)
     return ok + rest, incumbents
+
+
+def result_rows(ledger: Ledger, ranked: list[Ranked], *, tier: str | None = None) -> list[ResultRow]:
+    """The experiments of `ranked` decoded, in its order (`tier`: the one `ranked` was read for)."""
+    if not ranked:
+        return []
+    ids = [r.key.id for r in ranked]
+    if len(ids) > 500:
+        # most of the ledger: one scan of each table beats binding thousands of ids
+        wanted = set(ids)
+        exps = {e.id: e for e in ledger.experiments(tier=tier) if e.id in wanted}
+    else:
+        exps = {e.id: e for e in ledger.experiments(ids=ids)}
+    return [
+        ResultRow(exps[r.key.id], r.value, r.delta, r.earlier_incumbent, r.incumbent)
+        for r in ranked
+        if r.key.id in exps  # submitted after the ranking was read: the next listing has it
+    ]
+
+
+def results(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, *, tier: str | None = None, limit: int | None = None
+) -> tuple[list[ResultRow], dict[str, Figure | None]]:
+    """`ranking`'s first `limit` experiments (every one when None) decoded, and the incumbents."""
+    if limit is not None:
+        ranked, incumbents = ranking(ledger, config, lab_dir, tier=tier)
+        return result_rows(ledger, ranked[:limit], tier=tier), incumbents
+    rows, _, incumbents = every_result(ledger, config, lab_dir, tier=tier)
+    return rows, incumbents
+
+
+def every_result(
+    ledger: Ledger, config: LabConfig, lab_dir: Path, *, tier: str | None = None
+) -> tuple[list[ResultRow], list[Ranked], dict[str, Figure | None]]:
+    """Every experiment decoded once and ranked from those rows (no second read of the keys)."""
+    exps = ledger.experiments(tier=tier)
+    ranked, incumbents = ranking(ledger, config, lab_dir, tier=tier, experiments=exps)
+    by_id = {e.id: e for e in exps}
+    rows = [ResultRow(by_id[r.key.id], r.value, r.delta, r.earlier_incumbent, r.incumbent) for r in ranked]
+    return rows, ranked, incumbents
 
 
 @dataclass(frozen=True)
@@ -147,35 +210,18 @@ def fleet_efficiency(ledger: Ledger) -> FleetEfficiency | None:
     Returns:
         The figures, or None when no controller has ever run in this lab.
     """
-    record = ledger.controller()
-    if record is not None:
-        since, until = record.started_at, max(record.heartbeat_at, record.started_at)
-    else:
-        start = ledger._query(
-            "SELECT id, ts FROM events WHERE kind = 'controller-start' ORDER BY id DESC LIMIT 1"
-        )
-        if not start:
-            return None
-        stop = ledger._query(
-            "SELECT ts FROM events WHERE kind = 'controller-stop' AND id > ? ORDER BY id LIMIT 1",
-            (start[0]["id"],),
-        )
-        since = start[0]["ts"]
-        until = stop[0]["ts"] if stop else since
-    rows = ledger._query(
-        "SELECT e.status, e.started_at, e.finished_at, m.value AS training FROM experiments e"
-        " LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = 'training_seconds'"
-        " WHERE (e.status = ? AND e.outcome = 'ok' AND e.finished_at >= ?) OR e.status = ?",
-        (int(ExperimentStatus.FINISHED), since, int(ExperimentStatus.RUNNING)),
-    )
+    session = ledger.controller_session()
+    if session is None:
+        return None
+    since, until = session
     trained = 0.0
-    for r in rows:
-        start_ts = max(r["started_at"] or since, since)
-        if r["status"] == ExperimentStatus.RUNNING:
+    for status, started_at, finished_at, training in ledger.training_spans(since):
+        start_ts = max(started_at or since, since)
+        if status == ExperimentStatus.RUNNING:
             trained += max(0.0, until - start_ts)
         else:
-            run = max(0.0, min(r["finished_at"], until) - start_ts)
-            trained += min(r["training"], run) if r["training"] is not None else run
+            run = max(0.0, min(finished_at or until, until) - start_ts)
+            trained += min(training, run) if training is not None else run
     slots = len(ledger.workers())
     held = slots * max(0.0, until - since)
     return FleetEfficiency(trained / held if held > 0 else None, trained, held, slots, since, until)

@@ -340,7 +340,7 @@ def _with_story(result: DemoResult, *, metric: str) -> DemoResult:
     """The result with the lines that tell what was asked, measured, decided and where to look."""
     from dataclasses import replace
 
-    from nightlab.cli.dashboard import DEFAULT_PORT
+    from nightlab.web import DEFAULT_PORT
 
     def fig(mean: float, sd: float | None, n: int) -> str:
         return f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else "       ") + f" (n={n})"

@@ -102,3 +102,22 @@ def _inner(value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, separators=(",", ":"), default=str)
     return number(value)
+
+
+def ago(ts: float | None) -> str:
+    """How long ago `ts` was, as `duration` writes it (`-` for None)."""
+    if ts is None:
+        return "-"
+    return duration(time.time() - ts)
+
+
+def duration(seconds: float | None) -> str:
+    """`42s`, `3.5m` or `2.1h` (`-` for None): the unit a person reads at a glance."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -17,7 +17,6 @@ the lab (config, data, ledger, controller, leases, snapshots, backups).
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -25,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nightlab import backup, integrity
-from nightlab.errors import NightlabError, UsageError
+from nightlab.errors import LedgerError, NightlabError, UsageError
+from nightlab.ledger import ReadOnlyLedger, backup, integrity
 
 MIN_FREE_BYTES = 1 << 30  # 1 GiB: a night of chatty logs (8 MiB kept per run) and a few ledger backups
 STALE_LEASE_SECONDS = 120.0  # a live controller heartbeats its runs every second
@@ -167,8 +166,8 @@ def _check_data(config: Any) -> list[Check]:
     ]
 
 
-def _check_ledger(lab: Path) -> tuple[Any, list[Check]]:
-    """Open the ledger read-only and run the full integrity check; returns (connection, checks)."""
+def _check_ledger(lab: Path) -> tuple[ReadOnlyLedger | None, list[Check]]:
+    """Open the ledger read-only and run the full integrity check; returns (ledger, checks)."""
     path = lab / ".nightlab" / "ledger.db"
     if not path.exists():
         return None, [Check("ledger", False, f"`{path}` is missing", "nightlab doctor --restore")]
@@ -178,30 +177,23 @@ def _check_ledger(lab: Path) -> tuple[Any, list[Check]]:
             Check("ledger", False, f"{cut}: its last transactions are lost", "nightlab doctor --repair-wal")
         ]
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 60000")
-    except sqlite3.Error as e:
-        return None, [
-            Check("ledger", False, str(integrity.explain(e, path, "open")), "nightlab doctor --restore")
-        ]
+        ledger = ReadOnlyLedger(path, any_version=True)
+    except LedgerError as e:
+        return None, [Check("ledger", False, str(e), "nightlab doctor --restore")]
     started = time.perf_counter()
-    problems = integrity.quick_check(conn, full=True)
+    problems = ledger.check(full=True)
     took = time.perf_counter() - started
     if problems:
-        conn.close()
+        ledger.close()
         shown = "; ".join(problems[:2])
         return None, [Check("ledger", False, f"integrity check failed: {shown}", "nightlab doctor --restore")]
     try:
-        n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-    except sqlite3.Error as e:
-        conn.close()
-        return None, [
-            Check("ledger", False, str(integrity.explain(e, path, "read")), "nightlab doctor --restore")
-        ]
+        n, version = ledger.count(), ledger.schema_version()
+    except LedgerError as e:
+        ledger.close()
+        return None, [Check("ledger", False, str(e), "nightlab doctor --restore")]
     size = path.stat().st_size
-    return conn, [
+    return ledger, [
         Check(
             "ledger",
             True,
@@ -210,21 +202,19 @@ def _check_ledger(lab: Path) -> tuple[Any, list[Check]]:
     ]
 
 
-def _check_controller(lab: Path, conn: sqlite3.Connection) -> list[Check]:
+def _check_controller(lab: Path, ledger: ReadOnlyLedger) -> list[Check]:
     from nightlab.fleet.daemon import running_pid
 
     pid = running_pid(lab)
-    row = conn.execute("SELECT pid, heartbeat_at FROM controller WHERE id = 1").fetchone()
-    open_attempts = conn.execute(
-        "SELECT experiment_id, number, heartbeat_at FROM attempts WHERE ended_at IS NULL ORDER BY id"
-    ).fetchall()
+    row = ledger.controller()
+    open_attempts = ledger.open_attempts()
     out = []
     if pid is None and row is not None:
         out.append(
             Check(
                 "controller",
                 False,
-                f"the ledger says controller pid {row['pid']} runs, but no process holds the lab's lock "
+                f"the ledger says controller pid {row.pid} runs, but no process holds the lab's lock "
                 "(it was killed)",
                 "nightlab fleet start",
             )
@@ -234,7 +224,7 @@ def _check_controller(lab: Path, conn: sqlite3.Connection) -> list[Check]:
     else:
         out.append(Check("controller", True, f"running (pid {pid})"))
     if open_attempts and pid is None:
-        ids = ", ".join(f"{a['experiment_id']}/{a['number']}" for a in open_attempts[:5])
+        ids = ", ".join(f"{a.experiment_id}/{a.number}" for a in open_attempts[:5])
         more = f" and {len(open_attempts) - 5} more" if len(open_attempts) > 5 else ""
         out.append(
             Check(
@@ -246,14 +236,14 @@ def _check_controller(lab: Path, conn: sqlite3.Connection) -> list[Check]:
         )
     elif open_attempts:
         now = time.time()
-        stale = [a for a in open_attempts if now - a["heartbeat_at"] > STALE_LEASE_SECONDS]
+        stale = [a for a in open_attempts if now - a.heartbeat_at > STALE_LEASE_SECONDS]
         if stale:
             out.append(
                 Check(
                     "leases",
                     False,
                     f"{len(stale)} run(s) not heartbeaten for over {STALE_LEASE_SECONDS:.0f} s by controller "
-                    f"pid {pid} (first: {stale[0]['experiment_id']}): it is stuck",
+                    f"pid {pid} (first: {stale[0].experiment_id}): it is stuck",
                     "nightlab fleet stop && nightlab fleet start",
                 )
             )
@@ -264,7 +254,7 @@ def _check_controller(lab: Path, conn: sqlite3.Connection) -> list[Check]:
     return out
 
 
-def _check_snapshots(lab: Path, conn: sqlite3.Connection) -> list[Check]:
+def _check_snapshots(lab: Path, ledger: ReadOnlyLedger) -> list[Check]:
     proc = subprocess.run(
         ["git", "for-each-ref", "--format=%(refname:lstrip=2) %(objectname)", "refs/nightlab/"],
         cwd=lab,
@@ -274,31 +264,31 @@ def _check_snapshots(lab: Path, conn: sqlite3.Connection) -> list[Check]:
     if proc.returncode != 0:
         return []  # the git check already says why
     refs = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    rows = conn.execute("SELECT id, snapshot, status FROM experiments ORDER BY seq").fetchall()
-    missing = [r for r in rows if r["id"] not in refs]
+    rows = ledger.snapshot_states()
+    missing = [(eid, snapshot, status) for eid, snapshot, status in rows if eid not in refs]
     if not missing:
         return [Check("snapshots", True, f"{len(rows)} experiments, every ref present")]
     # one git call for all: which of the missing commits are still in the object store
     probe = subprocess.run(
         ["git", "cat-file", "--batch-check"],
         cwd=lab,
-        input="".join(f"{r['snapshot']}\n" for r in missing),
+        input="".join(f"{snapshot}\n" for _, snapshot, _ in missing),
         capture_output=True,
         text=True,
     )
     # each answer line is "<sha> commit <size>" or "<sha> missing"
     present = {parts[0] for parts in map(str.split, probe.stdout.splitlines()) if parts[1:2] == ["commit"]}
     out = []
-    for r in missing[:10]:
-        if r["snapshot"] in present:
-            fix = f"git -C {lab} update-ref refs/nightlab/{r['id']} {r['snapshot']}"
-            detail = f"{r['id']}: ref refs/nightlab/{r['id']} is missing (its commit is still there)"
-        elif r["status"] in (0, 1):  # queued / running: it cannot run without its files
-            fix = f"nightlab cancel {r['id']}"
-            detail = f"{r['id']}: its snapshot {r['snapshot'][:12]} is gone from git, so it cannot run"
+    for eid, snapshot, status in missing[:10]:
+        if snapshot in present:
+            fix = f"git -C {lab} update-ref refs/nightlab/{eid} {snapshot}"
+            detail = f"{eid}: ref refs/nightlab/{eid} is missing (its commit is still there)"
+        elif not status.is_finished():  # queued / running: it cannot run without its files
+            fix = f"nightlab cancel {eid}"
+            detail = f"{eid}: its snapshot {snapshot[:12]} is gone from git, so it cannot run"
         else:
             fix = "copy the lab's .git/objects back from a backup of the lab"
-            detail = f"{r['id']}: its snapshot {r['snapshot'][:12]} is gone (diff and adopt will fail)"
+            detail = f"{eid}: its snapshot {snapshot[:12]} is gone (diff and adopt will fail)"
         out.append(Check("snapshots", False, detail, fix))
     if len(missing) > 10:
         out.append(
@@ -334,18 +324,16 @@ def run_checks(lab: Path, *, torch_check: bool = True) -> Report:
     report.checks.append(_check_disk("disk (logs)", lab / ".nightlab"))
     report.checks += config_checks
     report.checks += _check_data(config)
-    conn, ledger_checks = _check_ledger(lab)
+    ledger, ledger_checks = _check_ledger(lab)
     report.checks += ledger_checks
-    if conn is not None:
+    if ledger is not None:
         try:
-            report.checks += _check_controller(lab, conn)
-            report.checks += _check_snapshots(lab, conn)
-        except sqlite3.Error as e:
-            report.checks.append(
-                Check("ledger", False, str(integrity.explain(e, lab, "read")), "nightlab doctor --restore")
-            )
+            report.checks += _check_controller(lab, ledger)
+            report.checks += _check_snapshots(lab, ledger)
+        except LedgerError as e:
+            report.checks.append(Check("ledger", False, str(e), "nightlab doctor --restore"))
         finally:
-            conn.close()
+            ledger.close()
     report.checks += _check_backups(lab, config, report)
     return report
 
@@ -372,11 +360,8 @@ def restore(lab: Path, path: Path | None = None) -> dict[str, Any]:
     _refuse_while_running(lab, "restore")
     ledger_path = lab / ".nightlab" / "ledger.db"
     used, aside = backup.restore_backup(ledger_path, path)
-    conn = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-    finally:
-        conn.close()
+    with ReadOnlyLedger(ledger_path, any_version=True) as ledger:
+        n = ledger.count()
     return {"restored": str(used), "replaced": str(aside) if aside else None, "experiments": n}
 
 
@@ -400,16 +385,7 @@ def repair_wal(lab: Path) -> dict[str, Any]:
         src = Path(str(ledger_path) + suffix)
         if src.exists():
             shutil.copy2(src, src.with_name(f"{ledger_path.name}.cut-{stamp}{suffix}"))
-    try:
-        conn = sqlite3.connect(ledger_path, isolation_level=None)
-        try:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            problems = integrity.quick_check(conn, full=True)
-            n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error as e:
-        raise integrity.explain(e, ledger_path, "repair") from e
+    problems, n = integrity.recover_wal(ledger_path)
     if problems:
         raise NightlabError(
             f"the recovered ledger still fails its integrity check ({problems[0]}); run `nightlab doctor --restore`"

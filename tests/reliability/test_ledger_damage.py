@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from nightlab import backup
+from nightlab.ledger import backup
 from nightlab.testing.reliability import controller_pid, nightlab, submit_many, wait_finished
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from typing import Any
 
 import click
+
+from nightlab.display import ago, duration  # noqa: F401 - the commands' formatters, shared with the dashboard
 
 lab_option = click.option(
     "--lab",
@@ -61,23 +62,6 @@ def console():
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-
-
-def ago(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return duration(time.time() - ts)
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def fmt(value: float | None, digits: int = 6) -> str:

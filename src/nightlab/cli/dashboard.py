@@ -7,8 +7,7 @@ import ipaddress
 import click
 
 from nightlab.cli._common import lab_option, say
-
-DEFAULT_PORT = 8350
+from nightlab.web import DEFAULT_PORT
 
 
 def is_loopback(host: str) -> bool:

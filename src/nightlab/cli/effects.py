@@ -5,38 +5,7 @@ from pathlib import Path
 import click
 
 from nightlab.cli._common import console, emit_json, fmt, json_option, say, with_lab
-
-
-def _predicted(result, values: dict) -> dict[str, str]:
-    return {f: values.get(f, {}).get(x, f"{x:+g} (coded)") for f, x in result.predicted_best.items()}
-
-
-def effects_payload(result, values: dict, metric: str, plot: str | None) -> dict:
-    """The `--json` document of `nightlab effects`."""
-    return {
-        "factors": list(result.factors),
-        "runs": result.n_runs,
-        "crashed": result.crashed,
-        "pending": result.pending,
-        "message": result.message,
-        "intercept": result.intercept,
-        "terms": [
-            {
-                "term": t.term,
-                "coefficient": t.coefficient,
-                "effect": t.effect,
-                "std_error": t.std_error,
-                "p_value": t.p_value,
-            }
-            for t in result.terms
-        ],
-        "dropped": list(result.dropped),
-        "residual_dof": result.residual_dof,
-        "r_squared": result.r_squared,
-        "predicted_best": _predicted(result, values) if result.predicted_best else None,
-        "predicted_" + metric: result.predicted_metric,
-        "plot": plot,
-    }
+from nightlab.views import effects_payload, predicted_best
 
 
 @click.command("effects")
@@ -92,7 +61,7 @@ def command(lab, wave_id, no_interactions, plot_path, as_json) -> None:
         p = "-" if t.p_value is None else f"{t.p_value:.3g}"
         table.add_row(t.term, f"{t.coefficient:+.6f}", f"{t.effect:+.6f}", fmt(t.std_error), p)
     out.print(table)
-    best = _predicted(result, values)
+    best = predicted_best(result, values)
     out.print(
         "predicted best: "
         + " ".join(f"{k}={v}" for k, v in best.items())

@@ -70,8 +70,9 @@ def stop(lab_dir) -> None:
 @lab_option
 def status(as_json, lab_dir) -> None:
     """The controller's pid, each worker's state, and each SkyPilot cluster's state and cost so far."""
-    from nightlab.cli.status import fleet_state, print_state
+    from nightlab.cli.status import print_state
     from nightlab.lab import Lab
+    from nightlab.views import fleet_state
 
     with Lab.open(lab_dir) as lab:
         state = fleet_state(lab)

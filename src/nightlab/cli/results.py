@@ -3,49 +3,9 @@ from __future__ import annotations
 import click
 
 from nightlab.cli._common import console, emit_json, fmt, json_option, say, with_lab
+from nightlab.views import results_payload
 
 DEFAULT_ROWS = 15
-
-
-def results_payload(lab, rows, incumbents) -> dict:
-    """The `--json` document of `nightlab results` (the dashboard serves the same one).
-
-    `rows` and `incumbents` are what `analysis.results` returned; `baseline` holds the
-    baseline's figure per tier, so "improvement since the baseline" is
-    `incumbent.tiers[t].mean - baseline.tiers[t].mean`.
-    """
-    from nightlab.analysis import baseline_figures
-    from nightlab.identity import epoch_info
-
-    metric = lab.config.metric.name
-    epoch = epoch_info(lab.path, lab.ledger, lab.config)
-    # "since the baseline" is within the epoch: an earlier epoch's baseline was measured differently
-    same_epoch = [r.experiment for r in rows if r.experiment.epoch == epoch["key"]]
-    from nightlab.judge import Judge
-
-    judge = Judge(lab.ledger, lab.config, lab.path)  # `lab` may be the dashboard's read-only one
-    experiments = []
-    for r in rows:
-        d = r.to_dict(metric)
-        d["trust"] = judge.trust(r.experiment)
-        experiments.append(d)
-    return {
-        "metric": metric,
-        "direction": lab.config.metric.direction,
-        "epoch": epoch,
-        "incumbent": {
-            "commit": lab.head(),
-            "tiers": {t: (f.__dict__ if f else None) for t, f in incumbents.items()},
-        },
-        "baseline": {
-            "tiers": {
-                t: (f.__dict__ if f else None)
-                for t, f in baseline_figures(lab.config, same_epoch, list(incumbents)).items()
-            }
-        },
-        "self_reported": not lab.config.target.builtin,
-        "experiments": experiments,
-    }
 
 
 def verdict_cell(row) -> str:
@@ -65,26 +25,42 @@ def verdict_cell(row) -> str:
 @click.option(
     "--all", "all_", is_flag=True, help="Whether or not to list every experiment (default: the top ones)."
 )
-@click.option("-n", "limit", type=int, default=DEFAULT_ROWS, show_default=True, help="Rows to show.")
+@click.option(
+    "-n",
+    "limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help=f"Rows to show (default: {DEFAULT_ROWS} in the table, every experiment with --json).",
+)
 @json_option
 @with_lab
 def command(lab, tier, all_, limit, as_json) -> None:
     """Experiments sorted by the metric, with the delta against the incumbent of the same tier.
 
     \b
+    Every experiment is ranked from a few columns; only the rows shown are read in full, so
+    the table (and `--json -n N`) stays fast on a ledger of tens of thousands of runs.
+
+    \b
     Example:
       nightlab results --json | jq '.experiments[] | select(.verdict == "keep") | .id'
     """
-    from nightlab.analysis import results
+    from nightlab.analysis import every_result, ranking, result_rows
     from nightlab.harness.owned import TRUST_NOTES
 
     if tier is not None:
         lab.check_tier(tier)
     metric = lab.config.metric.name
     judge = lab.judge()
-    rows, incumbents = results(lab.ledger, lab.config, lab.path, tier=tier)
+    if as_json and (all_ or limit is None):
+        rows, ranked, incumbents = every_result(lab.ledger, lab.config, lab.path, tier=tier)
+        emit_json(results_payload(lab, ranked, incumbents, rows))
+        return
+    ranked, incumbents = ranking(lab.ledger, lab.config, lab.path, tier=tier)
     if as_json:
-        emit_json(results_payload(lab, rows, incumbents))
+        emit_json(
+            results_payload(lab, ranked, incumbents, result_rows(lab.ledger, ranked[:limit], tier=tier))
+        )
         return
     from rich.table import Table
 
@@ -102,7 +78,12 @@ def command(lab, tier, all_, limit, as_json) -> None:
         else:
             spread = f" ± {f.std:.6f}" if f.std is not None else ""
             out.print(f"incumbent {head[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
-    shown = rows if all_ else [r for r in rows if r.value is not None or r.experiment.degraded][:limit]
+    limit = DEFAULT_ROWS if limit is None else limit
+    shown = result_rows(
+        lab.ledger,
+        ranked if all_ else [r for r in ranked if r.value is not None or r.key.degraded][:limit],
+        tier=tier,
+    )
     table = Table(box=None, pad_edge=False)
     for col in ("id", "tier", metric, "delta", "verdict", "trust", "seed", "description"):
         table.add_column(
@@ -121,15 +102,14 @@ def command(lab, tier, all_, limit, as_json) -> None:
     if not lab.config.target.builtin:
         say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")
     counts: dict[str, int] = {}
-    for r in rows:
-        key = r.experiment.outcome or r.experiment.status.label
+    for r in ranked:
+        key = r.key.outcome or r.key.status.label
         counts[key] = counts.get(key, 0) + 1
     say(
         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ("" if all_ else "  (--all for every row)")
     )
-    for r in rows:
-        if r.experiment.degraded:
-            say(f"{r.experiment.id} {r.experiment.detail} (not judged, not in any figure; re-run once)")
+    for r in result_rows(lab.ledger, [r for r in ranked if r.key.degraded], tier=tier):
+        say(f"{r.experiment.id} {r.experiment.detail} (not judged, not in any figure; re-run once)")
     earlier = [r for r in shown if r.earlier_incumbent]
     if earlier:
         j = earlier[0].experiment.judged or {}
@@ -140,8 +120,8 @@ def command(lab, tier, all_, limit, as_json) -> None:
         )
     seen = set()
     inc = judge.incumbent()
-    for r in rows:
-        e = r.experiment
+    for r in ranked:
+        e = r.key
         # the incumbent is never a candidate: no hint to "settle" it against itself
         if e.verdict == "within-noise" and not r.incumbent and (e.tree, e.tier) not in seen:
             seen.add((e.tree, e.tier))

@@ -30,8 +30,8 @@ from nightlab.fleet.health import HealthWatch
 from nightlab.fleet.local import LocalBackend
 from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
 from nightlab.fleet.slots import build_slots
-from nightlab.integrity import free_bytes
 from nightlab.ledger import Attempt, Experiment, Ledger
+from nightlab.ledger.integrity import free_bytes
 
 log = logging.getLogger("nightlab.controller")
 
@@ -180,7 +180,7 @@ class Controller:
 
     def _maybe_backup(self) -> None:
         """Take an online backup of the ledger when the last one is `fleet.backup_interval` old."""
-        from nightlab import backup
+        from nightlab.ledger import backup
 
         now = time.time()
         if now < self._next_backup:

@@ -163,8 +163,8 @@ def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = 
 
 def _ledger_problem(lab_dir: Path) -> str | None:
     """Why the ledger must not be written (damaged, cut WAL, unreadable), or None."""
-    from nightlab.integrity import RESTORE_HINT
     from nightlab.ledger import open_ledger
+    from nightlab.ledger.integrity import RESTORE_HINT
 
     try:
         with open_ledger(lab_dir) as ledger:

@@ -14,15 +14,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nightlab import integrity
 from nightlab.errors import LedgerError, UnknownExperimentError
+from nightlab.ledger import integrity
 from nightlab.ledger._rows import (
+    STATUSES,
     AgentRun,
     Attempt,
     ControllerRecord,
     Event,
     Experiment,
     ExperimentStatus,
+    RankKey,
     SearchProgress,
     Wave,
     Worker,
@@ -111,6 +113,15 @@ class BaseLedger(ABC):
 
     # ------------------------------------------------------------------ experiments
 
+    def count(self) -> int:
+        """How many experiments the ledger holds (every status)."""
+        return int(self._query("SELECT COUNT(*) FROM experiments")[0][0])
+
+    def snapshot_states(self) -> list[tuple[str, str, ExperimentStatus]]:
+        """(id, snapshot commit, status) of every experiment, in submission order: no row decoding."""
+        rows = self._query("SELECT id, snapshot, status FROM experiments ORDER BY seq")
+        return [(r["id"], r["snapshot"], ExperimentStatus(r["status"])) for r in rows]
+
     def get(self, experiment_id: str) -> Experiment:
         rows = self._query("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
         if not rows:
@@ -155,6 +166,40 @@ class BaseLedger(ABC):
         else:
             metrics = self.metrics_for([r["id"] for r in rows])
         return [_to_experiment(r, metrics.get(r["id"], {})) for r in rows]
+
+    def rank_keys(self, metric: str, *, tier: str | None = None) -> list[RankKey]:
+        """Every experiment (of `tier`) as a `RankKey` for `metric`, in submission order.
+
+        Reads a dozen columns and one metric per experiment: no JSON is decoded but the
+        judged incumbent's tree (by SQLite). Decode the rows you show with `experiments(ids=...)`.
+        """
+        where, args = ("WHERE e.tier = ?", [tier]) if tier is not None else ("", [])
+        rows = self._query(
+            "SELECT e.id, e.seq, e.tier, e.tree, e.epoch, e.status, e.outcome, e.verdict,"
+            " json_extract(e.judged, '$.tree'), m.value, e.finished_at, e.adopted_at, e.description"
+            " FROM experiments e"
+            f" LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = ? {where} ORDER BY e.seq",
+            [metric, *args],
+        )
+        return [
+            RankKey(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                STATUSES[r[5]],
+                r[6],
+                r[7],
+                r[8],
+                metric,
+                r[9],
+                r[10],
+                r[11],
+                r[12],
+            )
+            for r in rows
+        ]
 
     def by_commit(self, column: str, commits: Iterable[str]) -> list[Experiment]:
         """Experiments whose `snapshot` or `parent` is one of `commits`, in submission order (no metrics)."""
@@ -285,6 +330,40 @@ class BaseLedger(ABC):
     def controller(self) -> ControllerRecord | None:
         rows = self._query("SELECT * FROM controller WHERE id = 1")
         return _to_controller(rows[0]) if rows else None
+
+    def controller_session(self) -> tuple[float, float] | None:
+        """(start, end) of the latest controller session, or None when no controller ever ran.
+
+        A live record runs to its last heartbeat; a stopped one from its `controller-start`
+        event to the `controller-stop` after it (or to its start when it never stopped cleanly).
+        """
+        record = self.controller()
+        if record is not None:
+            return record.started_at, max(record.heartbeat_at, record.started_at)
+        start = self._query(
+            "SELECT id, ts FROM events WHERE kind = 'controller-start' ORDER BY id DESC LIMIT 1"
+        )
+        if not start:
+            return None
+        stop = self._query(
+            "SELECT ts FROM events WHERE kind = 'controller-stop' AND id > ? ORDER BY id LIMIT 1",
+            (start[0]["id"],),
+        )
+        return start[0]["ts"], stop[0]["ts"] if stop else start[0]["ts"]
+
+    def training_spans(
+        self, since: float, *, metric: str = "training_seconds"
+    ) -> list[tuple[ExperimentStatus, float | None, float | None, float | None]]:
+        """(status, started_at, finished_at, `metric`) of every run that is running, or finished ok since `since`."""
+        rows = self._query(
+            "SELECT e.status, e.started_at, e.finished_at, m.value AS training FROM experiments e"
+            " LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = ?"
+            " WHERE (e.status = ? AND e.outcome = 'ok' AND e.finished_at >= ?) OR e.status = ?",
+            (metric, int(ExperimentStatus.FINISHED), since, int(ExperimentStatus.RUNNING)),
+        )
+        return [
+            (ExperimentStatus(r["status"]), r["started_at"], r["finished_at"], r["training"]) for r in rows
+        ]
 
     def events(
         self,

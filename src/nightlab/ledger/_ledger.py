@@ -17,9 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nightlab import integrity
 from nightlab.errors import LedgerError, UnknownExperimentError
-from nightlab.ledger import _schema
+from nightlab.ledger import _schema, integrity
 from nightlab.ledger._base import BaseLedger
 from nightlab.ledger._rows import (
     AGENT_RUN_COUNTERS,
@@ -94,7 +93,7 @@ class Ledger(BaseLedger):
             return
         if version > 0:
             # a migration rewrites tables: keep the old ledger as it was, whatever happens next
-            from nightlab.backup import take_backup
+            from nightlab.ledger.backup import take_backup
 
             take_backup(self.path, pre_migration_of=version, source=self._conn)
         with self.transaction() as c:

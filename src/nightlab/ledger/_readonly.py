@@ -4,7 +4,7 @@ The dashboard must never change a lab, so it does not open a `Ledger` (that migr
 schema and sets pragmas: writes). This connection is opened with SQLite's `mode=ro` URI and has
 none of `Ledger`'s writers: a write cannot be reached through a method, and raw SQL past every
 method fails with "attempt to write a readonly database". It refuses a ledger of another schema
-version instead of upgrading it.
+version instead of upgrading it (unless asked not to, for `nightlab doctor`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ class ReadOnlyLedger(BaseLedger):
 
     _opening = "open (read-only)"
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, any_version: bool = False) -> None:
+        """`any_version`: also open a ledger of another schema version (`nightlab doctor` reports it)."""
+        self._any_version = any_version
         super().__init__(path, create=False)
 
     def _connect(self) -> sqlite3.Connection:
@@ -32,7 +34,7 @@ class ReadOnlyLedger(BaseLedger):
 
     def _ready(self) -> None:
         version = self.schema_version()
-        if version != _schema.SCHEMA_VERSION:
+        if version != _schema.SCHEMA_VERSION and not self._any_version:
             self._conn.close()
             raise LedgerError(
                 f"ledger `{self.path}` has schema v{version}, this nightlab reads v{_schema.SCHEMA_VERSION}; "

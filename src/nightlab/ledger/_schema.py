@@ -1,7 +1,7 @@
 """The ledger's schema: the version this nightlab reads and the migrations that reach it.
 
 A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATIONS[v:]` at open
-(after a pre-migration backup, `nightlab.backup`). Tests read both names from this module.
+(after a pre-migration backup, `nightlab.ledger.backup`). Tests read both names from this module.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["create_app"]
+DEFAULT_PORT = 8350  # `nightlab dashboard`'s port unless `--port` says otherwise
+
+__all__ = ["DEFAULT_PORT", "create_app"]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,12 +4,12 @@ Every figure comes from the function the CLI uses for the same figure, so a page
 `nightlab ... --json` can never disagree on one ledger:
 
 - incumbent and baseline figures, leaderboard rows, deltas, verdicts:
-  `cli.results.results_payload` over `analysis.results` (= `nightlab results --json`);
+  `views.results_payload` over `analysis.results` (= `nightlab results --json`);
 - controller, workers, running and queued experiments, fleet efficiency:
-  `cli.status.fleet_state` (= `nightlab status --json`);
+  `views.fleet_state` (= `nightlab status --json`);
 - diff and log tail: `snapshots.diff` and `fleet.runner.read_tail` / `clean_lines`
   (as `nightlab show --json`);
-- wave effects: `waves.wave_effects` + `cli.effects.effects_payload` (= `nightlab effects --json`).
+- wave effects: `waves.wave_effects` + `views.effects_payload` (= `nightlab effects --json`).
 
 Only what no CLI command reports is computed here: the live loss parsed from a running
 log (`_live`), repeats / promotions / children of an experiment, and the chart series.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from nightlab.errors import NightlabError
@@ -44,19 +44,17 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _results(lab: ReadOnlyLab) -> tuple[dict[str, Any], list[Experiment]]:
-    from nightlab.analysis import results
-    from nightlab.cli.results import results_payload
+def _ranking(lab: ReadOnlyLab) -> tuple[list[Any], dict[str, Any]]:
+    from nightlab.analysis import ranking
 
-    rows, incumbents = results(lab.ledger, lab.config, lab.path)
-    return results_payload(lab, rows, incumbents), [r.experiment for r in rows]
+    return ranking(lab.ledger, lab.config, lab.path)
 
 
 class VersionCache:
     """Computed page data, reused while the lab's version is unchanged.
 
-    `results` reads every experiment and metric (about 0.1 to 0.3 s at 5,000 experiments on
-    a 2-core box); the version (latest event id + HEAD) moves with every submit, start, end,
+    `results` reads every experiment and metric (about 1 s of CPU at 20,000 experiments on a
+    2-core box); `ranking` only a few columns of each (what the overview needs); the version (latest event id + HEAD) moves with every submit, start, end,
     verdict and adoption, so a cached value is never stale. Safe to share between threads.
     """
 
@@ -85,25 +83,36 @@ class VersionCache:
                 self._entries[name] = (version, value)
         return value
 
+    def ranking(self, lab: ReadOnlyLab) -> tuple[list[Any], dict[str, Any]]:
+        """`analysis.ranking`: every experiment ranked, no row decoded, and the incumbents."""
+        return self.get(lab, "ranking", _ranking)
+
     def results(self, lab: ReadOnlyLab) -> tuple[dict[str, Any], list[Experiment]]:
         """`nightlab results --json` and the experiments behind its rows."""
-        return self.get(lab, "results", _results)
+
+        def compute(lab: ReadOnlyLab) -> tuple[dict[str, Any], list[Experiment]]:
+            from nightlab.analysis import every_result
+            from nightlab.views import results_payload
+
+            rows, ranked, incumbents = every_result(lab.ledger, lab.config, lab.path)
+            return results_payload(lab, ranked, incumbents, rows), [r.experiment for r in rows]
+
+        return self.get(lab, "results", compute)
 
 
 def _fleet_state(lab: ReadOnlyLab) -> dict[str, Any]:
-    from nightlab.cli.status import fleet_state
+    from nightlab.views import fleet_state
 
     return fleet_state(lab)
 
 
-def counts(experiments: list[dict[str, Any]]) -> dict[str, int]:
-    """done / ok / crashed / invalid / running / queued / cancelled, from results rows."""
+def counts(states: Iterable[tuple[str, str | None]]) -> dict[str, int]:
+    """done / ok / crashed / invalid / running / queued / cancelled, from (status label, outcome) pairs."""
     out = dict.fromkeys(("done", "ok", "crashed", "invalid", "degraded", "running", "queued", "cancelled"), 0)
-    for e in experiments:
-        status = e["status"]
+    for status, outcome in states:
         if status == "finished":
             out["done"] += 1
-            kind = e["outcome"] if e["outcome"] in ("ok", "invalid", "degraded") else "crashed"
+            kind = outcome if outcome in ("ok", "invalid", "degraded") else "crashed"
             out[kind] += 1
         elif status in out:
             out[status] += 1
@@ -133,30 +142,36 @@ def tier_summaries(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
+    """The overview's figures from the ranking: only its leaderboard and crash rows are decoded."""
+    from nightlab.analysis import result_rows
     from nightlab.identity import epoch_line
+    from nightlab.views import result_row, results_payload
 
-    payload, _ = cache.results(lab)
-    rows = payload["experiments"]
-    metric = payload["metric"]
+    ranked, incumbents = cache.ranking(lab)
+    payload = results_payload(lab, ranked, incumbents, [])
+    leaders = [r for r in ranked if r.value is not None][:LEADERBOARD_ROWS]
+    crashes = sorted(
+        (
+            r
+            for r in ranked
+            if r.key.status == ExperimentStatus.FINISHED
+            and r.key.outcome not in ("ok", "invalid", "degraded")
+        ),
+        key=lambda r: r.key.finished_at or 0,
+        reverse=True,
+    )[:RECENT_CRASHES]
+    rows = {row.experiment.id: result_row(lab, row) for row in result_rows(lab.ledger, leaders + crashes)}
     return finite(
         {
-            "metric": metric,
+            "metric": payload["metric"],
             "direction": payload["direction"],
             "incumbent_commit": payload["incumbent"]["commit"],
             "epoch": payload["epoch"],
             "epoch_line": epoch_line(payload["epoch"]),
             "tiers": tier_summaries(payload),
-            "counts": counts(rows),
-            "leaderboard": [r for r in rows if r[metric] is not None][:LEADERBOARD_ROWS],
-            "recent_crashes": sorted(
-                (
-                    r
-                    for r in rows
-                    if r["status"] == "finished" and r["outcome"] not in ("ok", "invalid", "degraded")
-                ),
-                key=lambda r: r["finished_at"] or 0,
-                reverse=True,
-            )[:RECENT_CRASHES],
+            "counts": counts((r.key.status.label, r.key.outcome) for r in ranked),
+            "leaderboard": [rows[r.key.id] for r in leaders if r.key.id in rows],
+            "recent_crashes": [rows[r.key.id] for r in crashes if r.key.id in rows],
         }
     )
 
@@ -191,7 +206,8 @@ def progress_series(lab: ReadOnlyLab, cache: VersionCache | None = None) -> dict
 def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
     from nightlab.report import adopted_trees, kept_snapshots, tsv_status
 
-    _, exps = cache.results(lab)
+    ranked, _ = cache.ranking(lab)  # the keys carry what a point needs: no row decoded
+    exps = [r.key for r in ranked]
     metric = lab.config.metric.name
     better = min if lab.config.metric.lower_is_better else max
     points = sorted(
@@ -320,7 +336,7 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
     Raises:
         UnknownExperimentError: no such experiment.
     """
-    from nightlab.cli.show import show_payload
+    from nightlab.views import show_payload
 
     data = show_payload(lab, experiment_id, tail_lines=tail_lines)
     e = lab.ledger.get(experiment_id)
@@ -376,8 +392,8 @@ def wave_effects(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
     A wave without search spaces (noise, promotion) has no factors: then only `message` is set,
     with the CLI's reason.
     """
-    from nightlab.cli.effects import effects_payload
     from nightlab.errors import UsageError
+    from nightlab.views import effects_payload
     from nightlab.waves import wave_effects as fit
 
     try:
@@ -400,7 +416,7 @@ def waves(lab: ReadOnlyLab) -> dict[str, Any]:
         out.append(
             {
                 **w.to_dict(),
-                "counts": counts([{"status": e.status.label, "outcome": e.outcome} for e in mine]),
+                "counts": counts((e.status.label, e.outcome) for e in mine),
             }
         )
     return finite({"waves": out[::-1], "version": lab.version()})
@@ -422,7 +438,7 @@ def wave(lab: ReadOnlyLab, wave_id: str) -> dict[str, Any]:
         {
             **w.to_dict(),
             "metric": metric,
-            "counts": counts(rows),
+            "counts": counts((r["status"], r["outcome"]) for r in rows),
             "experiments": rows,
             "effects": wave_effects(lab, w.id),
             "version": lab.version(),

@@ -58,7 +58,7 @@ def highlight_diff(diff: str) -> Markup:
 
 
 def _duration(seconds: float | None) -> str:
-    from nightlab.cli._common import duration
+    from nightlab.display import duration
 
     return duration(seconds)
 

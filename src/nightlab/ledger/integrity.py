@@ -132,3 +132,25 @@ def quick_check(conn: sqlite3.Connection, *, full: bool = False) -> list[str]:
     except sqlite3.Error as e:
         return [str(e)]
     return [] if rows == ["ok"] else rows
+
+
+def recover_wal(db_path: Path) -> tuple[list[str], int]:
+    """Let SQLite recover what a cut WAL committed before the cut, then checkpoint it into the file.
+
+    Returns:
+        (what the full integrity check then finds wrong, the number of experiments kept).
+
+    Raises:
+        LedgerError: SQLite could not open or checkpoint the file.
+    """
+    try:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            problems = quick_check(conn, full=True)
+            n = conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise explain(e, db_path, "repair") from e
+    return problems, n

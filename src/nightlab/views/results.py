@@ -1,0 +1,49 @@
+"""The `nightlab results --json` document (the dashboard's overview and runs table read it too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def results_payload(lab: Any, ranked: list, incumbents: dict, rows: list) -> dict[str, Any]:
+    """The `--json` document of `nightlab results` (the dashboard serves the same one).
+
+    `ranked` and `incumbents` are what `analysis.ranking` returned, `rows` the decoded
+    `analysis.result_rows` of the ones shown (every one, or the first `-n`); `total` counts them
+    all. `baseline` holds the baseline's figure per tier, so "improvement since the baseline" is
+    `incumbent.tiers[t].mean - baseline.tiers[t].mean`.
+    """
+    from nightlab.analysis import baseline_figures
+    from nightlab.identity import epoch_info
+
+    metric = lab.config.metric.name
+    epoch = epoch_info(lab.path, lab.ledger, lab.config)
+    # "since the baseline" is within the epoch: an earlier epoch's baseline was measured differently
+    same_epoch = [r.key for r in ranked if r.key.epoch == epoch["key"]]
+    return {
+        "metric": metric,
+        "direction": lab.config.metric.direction,
+        "epoch": epoch,
+        "incumbent": {
+            "commit": lab.head(),
+            "tiers": {t: (f.__dict__ if f else None) for t, f in incumbents.items()},
+        },
+        "baseline": {
+            "tiers": {
+                t: (f.__dict__ if f else None)
+                for t, f in baseline_figures(lab.config, same_epoch, list(incumbents)).items()
+            }
+        },
+        "self_reported": not lab.config.target.builtin,
+        "total": len(ranked),
+        "experiments": [result_row(lab, r) for r in rows],
+    }
+
+
+def result_row(lab: Any, row: Any) -> dict[str, Any]:
+    """One decoded `analysis.ResultRow` as the document lists it (with who vouches for its figures)."""
+    from nightlab.judge import trust
+
+    d = row.to_dict(lab.config.metric.name)
+    d["trust"] = trust(row.experiment, lab.config)
+    return d

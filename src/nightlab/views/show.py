@@ -1,0 +1,36 @@
+"""The `nightlab show --json` document: one experiment (the dashboard's experiment page too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAIL_LINES = 30  # log lines `nightlab show` prints by default
+
+
+def show_payload(
+    lab: Any, experiment_id: str, *, tail_lines: int = TAIL_LINES, diff: bool = True
+) -> dict[str, Any]:
+    """One experiment as `nightlab show --json` prints it (the dashboard shows the same)."""
+    from pathlib import Path
+
+    from nightlab import snapshots
+    from nightlab.errors import SnapshotError
+    from nightlab.fleet.runner import clean_lines, read_tail
+
+    e = lab.ledger.get(experiment_id)
+    attempts = lab.ledger.attempts(e.id)
+    log_path = next((a.log_path for a in reversed(attempts) if a.log_path), None)
+    # `--tail 0` is no log at all (a slice `[-0:]` would be the whole log)
+    tail = clean_lines(read_tail(Path(log_path)))[-tail_lines:] if log_path and tail_lines > 0 else []
+    while tail and not tail[-1].strip():
+        tail.pop()
+    try:
+        text = snapshots.diff(lab.path, e.parent, e.snapshot) if diff else ""
+    except SnapshotError as err:
+        text = f"(diff unavailable: {err})"
+    from nightlab.judge import trust
+
+    data = e.to_dict()
+    data["trust"] = trust(e, lab.config)
+    data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
+    return data
