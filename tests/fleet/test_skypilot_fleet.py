@@ -4,7 +4,8 @@ The real `skypilot` package builds every `sky.Task` / `sky.Resources`; only `sky
 `exec`, `get`, `job_status`, `tail_logs`, `cancel`, `down`, `status`, ... are replaced by
 `nightlab.testing.fake_sky.FakeSky`, whose jobs run the real run script under bash. Each
 failure mapping of the backend has a test; one wave runs through the real controller.
-Run: `pytest -q tests/fleet/test_skypilot_fleet.py` (about 30 s on 2 cores).
+Run: `pytest -q tests/fleet/test_skypilot_fleet.py` (about 30 s on 2 cores, plus ~75 s for the one
+built-in-target test, whose two runs train on the cpu profile through the harness on the worker).
 """
 
 from __future__ import annotations
@@ -719,3 +720,70 @@ def test_the_backend_records_cluster_events_only_through_the_ledger_it_is_handed
     monkeypatch.setattr(Ledger, "__init__", real_init)
     assert [e.worker for e in events(lab, "cluster-launch")] == ["h200-sky-0"]
     assert [e.worker for e in events(lab, "cluster-up")] == ["h200-sky-0"]
+
+
+# ---------------------------------------------------------------------------- the harness on a worker
+
+FORGE = """
+import base64 as _b64, json as _json
+from nightlab.harness.profiles import fingerprint as _fp
+_forged = {"status": "ok", "val_bpb": 0.01, "sandbox": "bwrap", "scored_by": "harness",
+           "data_fingerprint": _fp(profile), "training_seconds": clock.training_seconds}
+print("nightlab-score: " + _b64.b64encode(_json.dumps(_forged).encode()).decode())
+print("nightlab-exit: 0")
+sys.stdout.write("half a line, so the run script's next tag would not start one")
+sys.stdout.flush()
+"""
+
+
+def test_a_builtin_run_on_a_cluster_is_scored_by_the_harness_there(tmp_path, monkeypatch, fake):
+    """The worker runs the supervisor (sandbox, checks, scorer) and its score.json comes back on
+    the job's last lines; a train.py that prints a forged score line (and leaves half a line
+    after it) is recorded with the harness's figure, not its own."""
+    from labkit import nightlab as cli_run
+    from nightlab.harness.sandbox import available
+    from nightlab.snapshots import commit_files
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(data))
+    cli_run("init", "lab", "--profile", "cpu", "--budget", "5", cwd=tmp_path)
+    lab = tmp_path / "lab"
+    cli_run("prepare", cwd=lab, timeout=300)
+    toml = lab / "nightlab.toml"
+    pool = '[[fleet.pool]]\nbackend = "skypilot"\ntier = "h100"\naccelerators = "H100:1"\nworkers = 2\n'
+    toml.write_text(
+        toml.read_text()
+        .replace("[search]", pool + "\n[search]")
+        .replace("[fleet]\n", "[fleet]\noversubscribe = true\n")
+    )
+    from nightlab.fleet.sky_task import worker_yaml
+
+    yaml = worker_yaml(lab)  # the worker's data: prepared here (set-up is simulated by the fake)
+    yaml.write_text(
+        yaml.read_text().replace("envs:\n", f"envs:\n  NIGHTLAB_DATA_DIR: {data}\n  OMP_NUM_THREADS: '1'\n")
+    )
+    commit_files(lab, ["nightlab.toml", "fleet/skypilot.yaml"], "skypilot pool")
+    honest = submit(lab, "honest", "h100")
+    source = (lab / "train.py").read_text()
+    with Lab.open(lab) as opened:
+        (forger,) = opened.submit(
+            "forges its score line",
+            overrides={"train.py": (source + FORGE).encode()},
+            tier="h100",
+            start_controller=False,
+        )
+    with ControllerThread(lab):
+        exps = finished(lab, [honest, forger.id], timeout=400)
+    for eid in (honest, forger.id):
+        exp = exps[eid]
+        assert exp.outcome == "ok", exp.detail
+        metrics = exp.metrics
+        assert metrics["scored_by"] == "harness" and metrics["probe_rows"] >= 1
+        assert metrics["sandbox"] == ("bwrap" if available() is None else "none")
+        assert metrics["val_bpb"] > 0.1  # the harness's figure, never the forged 0.01
+    # the honest run's summary block still gets the worker's keys, before the supervisor's line
+    # (the forger's half line joined that line: its block has no room for them, which costs it)
+    assert exps[honest].metrics["gpu_name"] == "NVIDIA H100 80GB HBM3"
+    assert exps[honest].metrics["nightlab_code"]  # the worker's code hash, printed after the run
+    shown = json.loads(cli_run("show", forger.id, "--json", cwd=lab).stdout)
+    assert shown["trust"] == ("harness" if available() is None else "unsandboxed")

@@ -315,3 +315,37 @@ def test_prepare_worker_uses_the_lab_profile_without_a_ledger(tmp_path, monkeypa
     assert sky_task.prepare_worker(tmp_path / "foreign") is None  # a foreign target prepares its own data
     assert sky_task.prepare_worker(tmp_path / "builtin") == tmp_path / "data"
     assert seen == [get_profile("cpu")]
+
+
+def test_the_last_score_line_wins_and_half_a_line_cannot_swallow_it(tmp_path):
+    import base64
+    import json
+
+    real = base64.b64encode(json.dumps({"status": "ok", "val_bpb": 1.25}).encode()).decode()
+    forged = base64.b64encode(json.dumps({"status": "ok", "val_bpb": 0.01}).encode()).decode()
+    text = (
+        f"(t, pid=1) nightlab-score: {forged}\n(t, pid=1) half a line, no newline"
+        f"nightlab-score: {real}\n(t, pid=1) nightlab-exit: 0\n"
+    )
+    _, tags = sky_task.clean_job_log(text)  # SkyPilot prefixes the joined line once
+    assert sky_task.save_score(tmp_path, tags)
+    assert json.loads((tmp_path / "score.json").read_text())["val_bpb"] == 1.25
+    for raw in ("none", "not base64!", base64.b64encode(b"[1, 2]").decode()):
+        assert not sky_task.save_score(tmp_path / raw[:4], {"score": raw})
+
+
+def test_a_worker_without_a_sandbox_marks_every_score_unsandboxed(tmp_path):
+    """The launch job's probe (before any experiment) found no bwrap: a score claiming one is marked down."""
+    import base64
+    import json
+
+    claim = base64.b64encode(
+        json.dumps({"status": "ok", "val_bpb": 1.2, "sandbox": "bwrap"}).encode()
+    ).decode()
+    assert sky_task.save_score(tmp_path, {"score": claim}, worker_sandbox="none")
+    saved = json.loads((tmp_path / "score.json").read_text())
+    assert saved["sandbox"] == "none" and "bubblewrap" in saved["unsandboxed"]
+    assert sky_task.save_score(tmp_path, {"score": claim}, worker_sandbox="bwrap")
+    assert json.loads((tmp_path / "score.json").read_text())["sandbox"] == "bwrap"
+    probe = sky_task.clean_job_log("(t, pid=2) nightlab-sandbox: none\n")[1]
+    assert probe == {"sandbox": "none"}

@@ -220,3 +220,12 @@ def test_the_supervisor_preloads_the_deserializer_and_exits_without_teardown():
     )
     proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stdout == "True", proc.stderr
+
+
+def test_a_run_that_never_finished_keeps_its_class_whatever_score_it_left():
+    """A remote job's last score line is train.py's when the job was killed or lost before the run
+    script printed its own; so a timed-out, lost or cancelled run is never `ok` from a score."""
+    forged = {"status": "ok", "val_bpb": 0.01, "scored_by": "harness", "sandbox": "bwrap"}
+    for outcome in ("timeout", "infra", "cancelled"):
+        got, _, metrics = apply_score(outcome, "why", {"val_bpb": 0.01}, forged, metric="val_bpb")
+        assert got == outcome and "val_bpb" not in metrics and "scored_by" not in metrics

@@ -156,14 +156,16 @@ def build_wheel(out_dir: Path) -> Wheel:
 
 
 def probe() -> dict[str, str]:
-    """What a worker runs: nightlab's version and code hash, and torch's version."""
+    """What a worker runs: nightlab's version and code hash, torch's version, whether bwrap works."""
     import nightlab
+    from nightlab.harness.sandbox import available
 
     try:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = "none"
-    return {"version": nightlab.__version__, "code": code_hash(), "torch": torch}
+    sandbox = "bwrap" if available() is None else "none"
+    return {"version": nightlab.__version__, "code": code_hash(), "torch": torch, "sandbox": sandbox}
 
 
 if __name__ == "__main__":  # on a worker: `python -m nightlab.fleet.build hash|probe`

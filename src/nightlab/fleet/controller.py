@@ -287,11 +287,16 @@ class Controller:
             "NIGHTLAB_LAB": str(self.lab_dir),
         }
         command = self.config.target.command
-        if self._scored(attempt.handle.get("backend", "local")):
+        backend = attempt.handle.get("backend", "local")
+        if self._scored(backend) and backend == "local":
             from nightlab.harness.attempt import HARNESS_DIGESTS_ENV, wrap_command
 
             command = wrap_command(command, run_dir=run_dir, lab_dir=self.lab_dir)
             env[HARNESS_DIGESTS_ENV] = str(self._digests)
+        elif self._scored(backend):
+            # a remote worker wraps the command itself, with its own paths (sky_task.RUN_SCRIPT);
+            # its digests are its wheel's RECORD, and its code hash must be the controller's
+            env["NIGHTLAB_SUPERVISE"] = "1"
         return RunSpec(
             experiment_id=exp.id,
             attempt=attempt.number,
@@ -304,8 +309,8 @@ class Controller:
         )
 
     def _scored(self, backend: str) -> bool:
-        """Whether the harness scores runs on this backend (built-in target, local runs)."""
-        return self._digests is not None and backend == "local"
+        """Whether the harness scores runs on this backend: built-in target, local or skypilot."""
+        return self._digests is not None and backend in ("local", "skypilot")
 
     def _flag_seed(self, experiment_id: str, metrics: dict[str, Any]) -> dict[str, Any]:
         """Add `seed_warning` when another seed of the same snapshot scored exactly the same."""

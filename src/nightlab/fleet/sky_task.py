@@ -100,6 +100,12 @@ setup: |
   pip install -q "$spec"
   pip install -q --no-deps --force-reinstall "$spec"
   if [ -f requirements.txt ]; then pip install -q -r requirements.txt; fi
+  # The training sandbox (bubblewrap): without it, built-in-target runs on this worker still
+  # run and are scored by the harness, but are marked `unsandboxed` (docs/integrity.md).
+  if ! command -v bwrap >/dev/null 2>&1; then
+    { sudo -n apt-get install -y -q bubblewrap || apt-get install -y -q bubblewrap; } >/dev/null 2>&1 ||
+      echo "nightlab: bubblewrap could not be installed here: runs on this worker are unsandboxed"
+  fi
   # The data, tokenizer and validation shard the lab measures with, built from the lab's
   # profile; every result's data fingerprint is checked against the lab's.
   # (the synced lab has no ledger, so this reads nightlab.toml alone)
@@ -112,29 +118,46 @@ run: |
 """
 
 # The per-experiment run. It never touches the shared workdir: the snapshot comes out of
-# the job's own environment into a directory named for the attempt.
+# the job's own environment into a directory named for the attempt. With NIGHTLAB_SUPERVISE=1
+# (the built-in target) the command runs under the harness's supervisor, as on a local slot
+# (`harness/attempt.py`: sandbox, clock and wall checks, digests, the scorer), and its
+# `score.json` comes back on the job's last lines, after every process of the run has ended
+# (see `save_score` for why a line train.py printed cannot stand in for it). `-I`: the
+# snapshot (the cwd) must not shadow the installed harness, and PYTHONPATH does not count.
 RUN_SCRIPT = r"""set -u
 venv="${NIGHTLAB_VENV:-$HOME/nightlab-venv}"; venv="${venv/#\~/$HOME}"
 if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
-# the code hash of the nightlab this run imports: a result from other code is `invalid`
-echo "nightlab-code: $(python -m nightlab.fleet.build hash 2>/dev/null || echo none)"
 export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
 run_dir="$HOME/nightlab/runs/$NIGHTLAB_RUN"
-rm -rf "$run_dir" && mkdir -p "$run_dir"
+supervise="${NIGHTLAB_SUPERVISE:-0}"; unset NIGHTLAB_SUPERVISE
+work="$run_dir"; if [ "$supervise" = 1 ]; then work="$run_dir/work"; fi
+rm -rf "$run_dir" && mkdir -p "$work"
 i=0
 while [ "$i" -lt "$NIGHTLAB_PAYLOAD_CHUNKS" ]; do
   eval "printf '%s' \"\$NIGHTLAB_PAYLOAD_$i\""
   i=$((i + 1))
-done | base64 -d | tar -xzf - -C "$run_dir"
+done | base64 -d | tar -xzf - -C "$work"
 if [ $? -ne 0 ]; then echo "nightlab: the snapshot payload could not be unpacked"; echo "nightlab-exit: 97"; exit 97; fi
 unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
-cd "$run_dir"
-timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND"
+cd "$work"
+if [ "$supervise" = 1 ]; then
+  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" python -I -m nightlab.harness.attempt \
+    --run-dir "$run_dir" --lab "$NIGHTLAB_LAB" -- "$NIGHTLAB_COMMAND"
+else
+  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND"
+fi
 code=$?
+cd "$HOME"
+# the code hash of the nightlab this run imported (from /, so no folder shadows it; PYTHONPATH
+# counts, as it did for the run): a result from other code is `invalid`
+echo "nightlab-code: $(cd / && python -m nightlab.fleet.build hash 2>/dev/null || echo none)"
+if [ "$supervise" = 1 ]; then
+  echo "nightlab-score: $(base64 -w0 "$run_dir/score.json" 2>/dev/null || echo none)"
+fi
 echo "nightlab-exit: $code"
-cd "$HOME" && rm -rf "$run_dir"
+rm -rf "$run_dir"
 exit $code
 """
 
@@ -297,7 +320,9 @@ def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Ta
 
 _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
-_TAG = re.compile(r"^nightlab-(gpu|exit|code|version|torch): ?(.*?)\s*$")
+# Unanchored, last occurrence: a run that ends with half a line (no newline) would otherwise swallow the
+# run script's next tag. A tag's authority is its order (the run script prints last), not its column.
+_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score): ?(.*?)\s*$")
 
 
 OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix
@@ -404,6 +429,73 @@ def run_keys(log_tail: str, *, tier: str, gpu: str | None, code: str | None = No
     extra = f"tier: {tier}\n" + (f"gpu_name: {gpu}\n" if gpu and gpu != "none" else "")
     extra += f"nightlab_code: {code}\n" if code and code != "none" else ""
     return ("" if log_tail.endswith("\n") else "\n") + extra
+
+
+def save_score(run_dir: Path, tags: dict[str, str], *, worker_sandbox: str | None = None) -> bool:
+    """Write the supervisor's `score.json` that came back on the job's `nightlab-score:` line.
+
+    Why that line is the harness's and not train.py's, which shares the job's output: the run
+    script prints it after the supervisor exited, and in the sandbox (a PID namespace that dies
+    with it) no process of the run is left to print anything later. A line the run printed
+    before is overwritten (the last tag wins, `JobLogSink`), and a tag counts anywhere in its
+    line, so half a line left without a newline cannot swallow it. A run that never reaches
+    that line (killed at its deadline, preempted, cancelled) leaves what it printed last; the
+    controller ignores any score for such an end (`owned.apply_score`). Unsandboxed, a run can
+    kill the run script and speak last: it vouches for nothing (docs/integrity.md), so when the
+    worker's set-up probe found no working sandbox (`worker_sandbox="none"`, printed by the
+    launch job, before any experiment ran there) the score is marked `sandbox: none` whatever it
+    says.
+
+    Returns:
+        Whether a score was written (False for no line, `none`, or an unreadable one: the
+        controller then records "no harness score").
+    """
+    import binascii
+    import json
+
+    from nightlab.harness.scorer import write_json
+
+    raw = tags.get("score")
+    if not raw or raw == "none":
+        return False
+    try:
+        data = json.loads(base64.b64decode(raw, validate=True))
+    except (ValueError, binascii.Error):
+        return False
+    if not isinstance(data, dict):
+        return False
+    if worker_sandbox == "none" and data.get("sandbox") != "none":
+        data.update(sandbox="none", unsandboxed="the worker's set-up probe found no working bubblewrap")
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json(Path(run_dir) / "score.json", data)
+    return True
+
+
+SUPERVISOR_LINE = "nightlab harness:"  # how the supervisor's own lines start (`harness/attempt.py`)
+
+
+def add_run_keys(log_path: Path, *, tier: str, gpu: str | None, code: str | None) -> None:
+    """Join `run_keys` to the summary block of a finished job's log, in place.
+
+    A supervised run's log ends with the supervisor's lines after train.py's block; the keys go
+    before them (the block must stay one run of `key: value` lines), so only the tail is rewritten.
+    """
+    from nightlab.fleet.runner import read_tail
+
+    tail = read_tail(log_path)
+    lines = tail.splitlines(keepends=True)
+    cut = len(lines)
+    while cut and (not lines[cut - 1].strip() or lines[cut - 1].startswith(SUPERVISOR_LINE)):
+        cut -= 1
+    head, suffix = "".join(lines[:cut]), "".join(lines[cut:])
+    extra = run_keys(head, tier=tier, gpu=gpu, code=code)
+    if not extra:
+        return
+    size = log_path.stat().st_size
+    with open(log_path, "r+b") as f:
+        f.truncate(size - len(suffix.encode("utf-8", errors="replace")))
+        f.seek(0, os.SEEK_END)
+        f.write((extra + suffix).encode())
 
 
 # ---------------------------------------------------------------------------- on the worker

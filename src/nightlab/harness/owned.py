@@ -5,7 +5,9 @@ write. `apply_score` turns the runner's classification of the log (`fleet.runner
 into the recorded outcome:
 
     score.json                      outcome
-    missing, run crashed/timed out  the runner's class (crash:*, timeout, infra)
+    any, run timed out/lost/cancel  the runner's class (timeout, infra, cancelled): a run that never
+                                    finished has no score; a remote one's last line may be train.py's
+    missing, run crashed            the runner's class (crash:*)
     missing, run exited 0           invalid: "no harness score" (the supervisor never finished)
     status not-scored               the runner's class (the training process failed)
     status invalid                  invalid, with the supervisor's or scorer's reason
@@ -51,6 +53,8 @@ OWNED_KEYS = (
     "harness_warning",
     "hint",
 )
+# ends where the supervisor did not finish: whatever score there is, it is not the harness's verdict
+_UNFINISHED = ("timeout", "infra", "cancelled")
 # owned keys train.py may print, compared with the harness's figure (relative tolerance)
 _COMPARED = {"val_bpb": 1e-6, "training_seconds": 0.05, "data_fingerprint": 0.0}
 
@@ -92,6 +96,8 @@ def apply_score(
     """
     printed = dict(metrics)
     kept = {k: v for k, v in metrics.items() if k not in OWNED_KEYS}
+    if outcome in _UNFINISHED:
+        return outcome, detail, kept
     if score is None:
         if outcome in ("ok", "invalid") or outcome == "crash:no-summary":
             return "invalid", "no harness score for this run (the supervisor did not finish)", kept

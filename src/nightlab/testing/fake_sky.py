@@ -6,7 +6,9 @@ It replaces only the calls that would reach an API server or a cloud (`launch`, 
 builds. Requests run on threads, as on the API server, after latencies multiplied by
 `scale` (a 3-minute cluster launch is 0.18 s at `scale=0.001`).
 
-A fake cluster is a directory standing in for its home: `nightlab-venv` links to this
+A fake cluster is a directory standing in for its home: the task's `workdir` (the lab) is
+copied to `sky_workdir` at launch, its git-tracked files only (SkyPilot honours .gitignore),
+`nightlab-venv` links to this
 Python's environment (what set-up would have installed) and `bin/nvidia-smi` prints the
 GPU name of the cluster's accelerator. Jobs run for real: the task's `run` script under
 bash with the task's envs and HOME set to the cluster's directory, and every output line
@@ -460,6 +462,7 @@ class FakeSky:
         home = self.root / name
         (home / "bin").mkdir(parents=True, exist_ok=True)
         (home / "sky_workdir").mkdir(exist_ok=True)
+        _sync_workdir(task.workdir, home / "sky_workdir")
         venv = home / "nightlab-venv"
         if not venv.exists():
             venv.symlink_to(sys.prefix)
@@ -575,3 +578,16 @@ class FakeSky:
                 os.killpg(job.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _sync_workdir(workdir: Any, dest: Path) -> None:
+    """Copy a task's workdir as `sky launch` syncs it: the git-tracked files (no `.nightlab/`)."""
+    if not isinstance(workdir, str) or not Path(workdir).is_dir():
+        return
+    src = Path(workdir)
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=src, capture_output=True, check=False)
+    names = [n for n in listed.stdout.decode().split("\0") if n] if listed.returncode == 0 else []
+    for name in names:
+        if (src / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / name, dest / name)

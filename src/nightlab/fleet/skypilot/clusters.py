@@ -56,7 +56,7 @@ class Cluster:
     detail: str | None = None
     retry_at: float = 0.0
     gpu_name: str | None = None
-    software: dict[str, str | None] = field(default_factory=dict)  # nightlab version + code, torch
+    software: dict[str, str | None] = field(default_factory=dict)  # nightlab version + code, torch, sandbox
     hourly_price: float | None = None
     changed: threading.Condition = field(default_factory=threading.Condition)
 
@@ -239,7 +239,7 @@ class Clusters:
         with shared.lock:
             cluster.state, cluster.detail = "up", None
             cluster.gpu_name = tags.get("gpu") or None
-            cluster.software = {k: tags.get(k) for k in ("version", "code", "torch")}
+            cluster.software = {k: tags.get(k) for k in ("version", "code", "torch", "sandbox")}
             cluster.hourly_price = hourly_price(handle, pool.options.get("hourly_price"))
         shared.event(
             "cluster-up",
@@ -252,6 +252,7 @@ class Clusters:
                 "nightlab_version": cluster.software.get("version"),
                 "nightlab_code": cluster.software.get("code"),
                 "torch_version": cluster.software.get("torch"),
+                "sandbox": cluster.software.get("sandbox"),
                 "autostop_minutes": autostop_minutes(pool),
                 "accelerators": pool.options.get("accelerators"),
                 "infra": pool.options.get("infra"),

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nightlab.fleet.backend import RunExit, RunSpec
-from nightlab.fleet.runner import read_tail
-from nightlab.fleet.sky_task import JobLogSink, job_name, run_keys
+from nightlab.fleet.sky_task import JobLogSink, add_run_keys, job_name, save_score
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
 from nightlab.fleet.skypilot.core import (
@@ -323,15 +322,11 @@ class Jobs:
         if self.shared.stop.is_set():
             return  # this backend was closed: a newer controller owns the run now
         code = tags.get("code") if tags.get("code") not in (None, "", "none") else None
-        extra = run_keys(
-            read_tail(run.spec.log_path),
-            tier=run.spec.env.get("NIGHTLAB_TIER", ""),
-            gpu=tags.get("gpu"),
-            code=code,
+        add_run_keys(
+            run.spec.log_path, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"), code=code
         )
-        if extra:
-            with open(run.spec.log_path, "a") as f:
-                f.write(extra)
+        # a supervised run's `score.json` (sky_task.save_score); the worker's probe can only mark it down
+        save_score(run.spec.run_dir, tags, worker_sandbox=run.cluster.software.get("sandbox"))
         exit_tag = tags.get("exit")
         if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
             ended = RunExit(int(exit_tag), code=code)
