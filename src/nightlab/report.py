@@ -98,6 +98,20 @@ def kept_snapshots(kept: Iterable[Experiment], metric: str) -> list[tuple[Experi
     return sorted(out, key=lambda pair: pair[0].seq)
 
 
+def trust_note(exps: Iterable[Experiment], *, builtin: bool) -> str:
+    """How many of these results the harness does not vouch for, e.g. "3 self-reported"; "" if none.
+
+    results.tsv's columns are autoresearch's and cannot carry it, so the report says it here
+    (the plot's titles and `nightlab report`'s message); results-wide.tsv has a `trust` column.
+    """
+    from collections import Counter
+
+    from nightlab.harness.owned import trust
+
+    counts = Counter(trust(e.metrics, builtin=builtin) for e in exps)
+    return ", ".join(f"{counts[k]} {k}" for k in ("self-reported", "unsandboxed") if counts[k])
+
+
 def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
     """Every ok experiment as a dot in submission order, kept ones highlighted, the incumbent's
     figure as a step line labelled with each kept change; one panel per tier."""
@@ -170,7 +184,11 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
                 label="incumbent (mean)",
                 zorder=1,
             )
-        ax.set_title(f"tier {tier}: {len(mine)} ok runs, {len({e.tree for e in kept})} kept snapshots")
+        note = trust_note(mine, builtin=config.target.builtin)
+        ax.set_title(
+            f"tier {tier}: {len(mine)} ok runs{f' ({note})' if note else ''}, "
+            f"{len({e.tree for e in kept})} kept snapshots"
+        )
         ax.set_xlabel("experiment #")
         ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")
         ax.grid(alpha=0.3)

@@ -52,6 +52,7 @@ def test_a_foreign_targets_results_are_self_reported(make_lab):
     text = nightlab("results", cwd=lab)
     assert "self-reported" in text.stdout and "self-reported:" in text.stderr
     assert json.loads(nightlab("show", eid, "--json", cwd=lab).stdout)["trust"] == "self-reported"
-    nightlab("report", "--wide", cwd=lab)
+    report = nightlab("report", "--wide", cwd=lab)
+    assert "not vouched for by the harness: 1 self-reported" in report.stderr
     header, row = (lab / "results-wide.tsv").read_text().splitlines()[:2]
     assert row.split("\t")[header.split("\t").index("trust")] == "self-reported"

@@ -23,14 +23,19 @@ def command(lab, wide, no_plot, as_json) -> None:
     Example:
       nightlab report && column -t -s $'\\t' results.tsv
     """
-    from nightlab.report import write_report
+    from nightlab.ledger import ExperimentStatus
+    from nightlab.report import trust_note, write_report
 
     paths = write_report(lab.ledger, lab.config, lab.path, wide=wide, plot=not no_plot)
+    finished = [e for e in lab.ledger.experiments(status=ExperimentStatus.FINISHED) if e.ok]
+    note = trust_note(finished, builtin=lab.config.target.builtin)
     if as_json:
-        emit_json({"files": [str(p) for p in paths]})
+        emit_json({"files": [str(p) for p in paths], "not_vouched": note or None})
         return
     for p in paths:
         click.echo(p)
+    if note:
+        say(f"not vouched for by the harness: {note} (docs/integrity.md; `trust` in results-wide.tsv)")
     say(
         f"results.tsv (tier {lab.config.fleet.default_tier}) reads like autoresearch's; "
         "progress.png shows every run and the incumbent's figure"
