@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,53 +82,56 @@ def main() -> None:
 
     profile = replace(get_profile("cpu"), budget_seconds=args.budget)
     root = Path(tempfile.mkdtemp(prefix="harness-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
-    env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
-    # on a loaded 2-core box two OpenMP threads per process thrash (a scoring forward pass took 4.7 s
-    # with 2 threads, 0.63 s with 1): pin both ways to the same count, as a fleet slot does
-    env["OMP_NUM_THREADS"] = str(args.threads)
-    os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
-    prepare(profile, progress=False)
-    template = set_knobs(
-        resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
-    )
-    old = template.replace("score = hand_in(model, batches).score", IN_PROCESS)
-    assert old != template
-
-    t = time.perf_counter()
-    subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"],
-                   check=False, capture_output=True)  # fmt: skip
-    sandbox_start = time.perf_counter() - t
-    print(f"sandbox: {available() or 'bwrap'} | bwrap start + exit: {sandbox_start * 1000:.0f} ms | "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
-    rows = []
-    for i in range(args.pairs):
-        a = lab_with(root / f"old{i}", profile, old)
-        wall_old = timed([sys.executable, "train.py"], a, env, a / "log.txt")
-        b = lab_with(root / f"new{i}", profile, template)
-        run_dir = b / ".nightlab" / "runs" / "e0001" / "attempt-1"
-        work = run_dir / "work"
-        work.mkdir(parents=True)
-        for name in ("train.py", "nightlab.toml"):
-            (work / name).write_text((b / name).read_text())
-        cmd = [sys.executable, *ISOLATED, "-m", "nightlab.harness.attempt", "--run-dir", str(run_dir), "--lab", str(b),
-               "--", f"{sys.executable} train.py"]  # fmt: skip
-        wall_new = timed(cmd, work, env, run_dir / "log.txt")
-        score = json.loads((run_dir / "score.json").read_text())
-        score_part = wall_new - score["train_wall_seconds"]
-        rows.append((wall_old, wall_new))
-        print(
-            f"pair {i}: in-process {wall_old:.1f} s | protected {wall_new:.1f} s ({100 * (wall_new / wall_old - 1):+.1f} %) "
-            f"= train process {score['train_wall_seconds']:.1f} s (export {score['export_seconds']:.1f} s) "
-            f"+ scoring {score_part:.1f} s (eval {score['eval_seconds']:.1f} s, {score['probe_rows']} probe rows) | "
-            f"val_bpb {score.get('val_bpb')} | load {os.getloadavg()[0]:.1f}",
-            flush=True,
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
+        env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
+        # on a loaded 2-core box two OpenMP threads per process thrash (a scoring forward pass took 4.7 s
+        # with 2 threads, 0.63 s with 1): pin both ways to the same count, as a fleet slot does
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
+        prepare(profile, progress=False)
+        template = set_knobs(
+            resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
         )
-    old_mean = sum(r[0] for r in rows) / len(rows)
-    new_mean = sum(r[1] for r in rows) / len(rows)
-    extra = 100 * (new_mean / old_mean - 1)
-    print(f"mean: in-process {old_mean:.1f} s, protected {new_mean:.1f} s: {extra:+.1f} % "
-          f"(goal <= +10 %: {'PASS' if extra <= 10 else 'MISS'})")  # fmt: skip
+        old = template.replace("score = hand_in(model, batches).score", IN_PROCESS)
+        assert old != template
+
+        t = time.perf_counter()
+        subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"],
+                       check=False, capture_output=True)  # fmt: skip
+        sandbox_start = time.perf_counter() - t
+        print(f"sandbox: {available() or 'bwrap'} | bwrap start + exit: {sandbox_start * 1000:.0f} ms | "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        rows = []
+        for i in range(args.pairs):
+            a = lab_with(root / f"old{i}", profile, old)
+            wall_old = timed([sys.executable, "train.py"], a, env, a / "log.txt")
+            b = lab_with(root / f"new{i}", profile, template)
+            run_dir = b / ".nightlab" / "runs" / "e0001" / "attempt-1"
+            work = run_dir / "work"
+            work.mkdir(parents=True)
+            for name in ("train.py", "nightlab.toml"):
+                (work / name).write_text((b / name).read_text())
+            cmd = [sys.executable, *ISOLATED, "-m", "nightlab.harness.attempt", "--run-dir", str(run_dir), "--lab", str(b),
+                   "--", f"{sys.executable} train.py"]  # fmt: skip
+            wall_new = timed(cmd, work, env, run_dir / "log.txt")
+            score = json.loads((run_dir / "score.json").read_text())
+            score_part = wall_new - score["train_wall_seconds"]
+            rows.append((wall_old, wall_new))
+            print(
+                f"pair {i}: in-process {wall_old:.1f} s | protected {wall_new:.1f} s ({100 * (wall_new / wall_old - 1):+.1f} %) "
+                f"= train process {score['train_wall_seconds']:.1f} s (export {score['export_seconds']:.1f} s) "
+                f"+ scoring {score_part:.1f} s (eval {score['eval_seconds']:.1f} s, {score['probe_rows']} probe rows) | "
+                f"val_bpb {score.get('val_bpb')} | load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+        old_mean = sum(r[0] for r in rows) / len(rows)
+        new_mean = sum(r[1] for r in rows) / len(rows)
+        extra = 100 * (new_mean / old_mean - 1)
+        print(f"mean: in-process {old_mean:.1f} s, protected {new_mean:.1f} s: {extra:+.1f} % "
+              f"(goal <= +10 %: {'PASS' if extra <= 10 else 'MISS'})")  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # two labs and their data per pair: ~10 MB
 
 
 if __name__ == "__main__":
