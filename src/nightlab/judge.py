@@ -58,7 +58,7 @@ from nightlab.identity import Incumbent
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Outcome, Verdict
 from nightlab.search.decide import Decision, Figure, adjusted_z, best_of_wave, promote, verdict
 
-__all__ = ["Judge", "Screened", "kept", "trust", "tsv_status"]
+__all__ = ["Judge", "Screened", "kept", "trust", "tsv_status", "verdict_label"]
 
 # verdicts a run still earns again when the incumbent's figure or the noise floor moves
 _PROVISIONAL = (None, Verdict.WITHIN_NOISE)
@@ -86,6 +86,21 @@ def tsv_status(e: Experiment, adopted_trees: Iterable[str]) -> str:
     if not e.ok:
         return "crash"
     return "keep" if kept(e, adopted_trees) else "discard"
+
+
+def verdict_label(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str:
+    """A verdict as listings show it, with what it was judged against when that matters.
+
+    Args:
+        incumbent: the run is of today's incumbent (its verdict is history, not a judgement of it).
+        earlier_incumbent: the verdict was judged against another incumbent than today's.
+    """
+    shown = verdict or "-"
+    if incumbent and verdict not in (Verdict.KEEP, Verdict.BASELINE):
+        return f"incumbent (was {shown})"  # judged before it was adopted
+    if earlier_incumbent:
+        return f"{shown} (vs earlier incumbent)"
+    return str(shown)
 
 
 def trust(e: Experiment, config: LabConfig) -> str:

@@ -8,6 +8,7 @@ numbers of each verdict are exact. `nightlab results` is the real CLI.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def test_only_the_judge_writes_verdicts():
                 writers.setdefault(str(path.relative_to(SRC)), set()).add(name)
     # the controller stores what its injected policy (the judge) returned, in the end's transaction
     assert writers == {"judge.py": {"set_verdict", "mark_adopted"}, "fleet/controller.py": {"finish_attempt"}}
-    text = (SRC / "fleet" / "controller.py").read_text()
+    text = (SRC / "fleet" / "controller.py").read_text()  # VerdictPolicy: fleet/backend.py
     assert "self.policy.end(" in text
     for module in ("fleet/controller.py", "fleet/daemon.py"):
         imports = {
@@ -323,3 +324,29 @@ def test_the_incumbent_is_looked_up_by_one_function():
         if re.search(r"snapshots\.head\(|identity\.of\([^)]*\"HEAD\"|rev-parse\", \"HEAD\"\)", text):
             readers.add(str(path.relative_to(SRC)))
     assert readers == {"identity.py", "snapshots.py"}  # snapshots.head is the git call itself
+
+
+def test_results_json_and_table_label_verdicts_by_one_rule(lab):
+    from nightlab.judge import verdict_label
+
+    assert (
+        verdict_label(Verdict.WITHIN_NOISE, incumbent=True, earlier_incumbent=False)
+        == "incumbent (was within-noise)"
+    )
+    assert (
+        verdict_label(Verdict.KEEP, incumbent=True, earlier_incumbent=True) == "keep (vs earlier incumbent)"
+    )
+    assert verdict_label(None, incumbent=False, earlier_incumbent=False) == "-"
+    ctrl = _controller(lab)
+    _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])
+    [better] = _candidate(lab, "0.02")
+    _run(lab, ctrl, {better.id: 0.9})
+    lab.adopt(better.id)
+    rows = {e["id"]: e for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]}
+    assert rows[better.id]["verdict_label"] == "keep"
+    table = nightlab("results", cwd=lab.path).stdout
+    base = next(i for i, e in rows.items() if e["verdict"] == "baseline")
+    assert (
+        rows[base]["verdict_label"] == "baseline (vs earlier incumbent)"
+        or rows[base]["verdict_label"] in table
+    )

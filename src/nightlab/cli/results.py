@@ -9,15 +9,12 @@ DEFAULT_ROWS = 15
 
 
 def verdict_cell(row) -> str:
-    """The verdict as a listing shows it, with what it was judged against when that matters."""
-    from nightlab.ledger import Verdict
+    """The verdict as a listing shows it (`judge.verdict_label`)."""
+    from nightlab.judge import verdict_label
 
-    verdict = row.experiment.verdict or "-"
-    if row.incumbent and verdict not in (Verdict.KEEP, Verdict.BASELINE):
-        return f"incumbent (was {verdict})"  # judged before it was adopted
-    if row.earlier_incumbent:
-        return f"{verdict} (vs earlier incumbent)"
-    return verdict
+    return verdict_label(
+        row.experiment.verdict, incumbent=row.incumbent, earlier_incumbent=row.earlier_incumbent
+    )
 
 
 @click.command("results")

@@ -4,6 +4,9 @@ A backend is small on purpose (launch / poll / kill, plus optional fleet set-up 
 tear-down); the controller owns everything else: leasing, timeouts, classification,
 retries and the ledger. Handles are plain JSON dicts stored with the attempt, so a
 controller that restarts can `poll` runs that an earlier controller launched.
+
+`VerdictPolicy` is the other interface the controller is handed: how a finished run is judged
+(the lab's is `nightlab.judge.Judge`; the fleet never imports it).
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from nightlab.ledger import Experiment
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,19 @@ class BaseBackend(abc.ABC):
 
     def close(self) -> None:
         """Release connections and threads when the controller exits."""
+
+
+class VerdictPolicy(Protocol):
+    """What the controller asks about verdicts; the lab hands one in (`nightlab.judge.Judge`).
+
+    The fleet knows how runs end, never how they are judged: it stores what `end` returns with
+    the final end of an attempt, in the same transaction, and calls `ended` afterwards.
+    """
+
+    def end(self, exp: Experiment, outcome: str, value: float | None) -> tuple[str | None, dict | None]:
+        """The verdict and judged context to store with a final end of `exp`."""
+        ...
+
+    def ended(self, exp: Experiment, outcome: str, verdict: str | None, judged: dict | None) -> None:
+        """Called once a final end was stored (re-judge what it changed)."""
+        ...

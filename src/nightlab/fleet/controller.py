@@ -21,11 +21,11 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from nightlab.config import LabConfig
 from nightlab.errors import LedgerError, NightlabError
-from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, VerdictPolicy, WorkerSlot
 from nightlab.fleet.health import HealthWatch
 from nightlab.fleet.local import LocalBackend
 from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
@@ -65,22 +65,6 @@ def _config_blob(lab_dir: Path) -> str | None:
         return git_text(lab_dir, "rev-parse", "HEAD:nightlab.toml")
     except NightlabError:
         return None
-
-
-class VerdictPolicy(Protocol):
-    """What the controller asks about verdicts; the lab hands one in (`nightlab.judge.Judge`).
-
-    The fleet knows how runs end, never how they are judged: it stores what `end` returns with
-    the final end of an attempt, in the same transaction, and calls `ended` afterwards.
-    """
-
-    def end(self, exp: Experiment, outcome: str, value: float | None) -> tuple[str | None, dict | None]:
-        """The verdict and judged context to store with a final end of `exp`."""
-        ...
-
-    def ended(self, exp: Experiment, outcome: str, verdict: str | None, judged: dict | None) -> None:
-        """Called once a final end was stored (re-judge what it changed)."""
-        ...
 
 
 class Controller:

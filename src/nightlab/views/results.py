@@ -42,8 +42,12 @@ def results_payload(lab: Any, ranked: list, incumbents: dict, rows: list) -> dic
 
 def result_row(lab: Any, row: Any) -> dict[str, Any]:
     """One decoded `analysis.ResultRow` as the document lists it (with who vouches for its figures)."""
-    from nightlab.judge import trust
+    from nightlab.judge import trust, verdict_label
 
     d = row.to_dict(lab.config.metric.name)
     d["trust"] = trust(row.experiment, lab.config)
+    # what the table prints, by the judge's one rule for every listing
+    d["verdict_label"] = verdict_label(
+        row.experiment.verdict, incumbent=row.incumbent, earlier_incumbent=row.earlier_incumbent
+    )
     return d
