@@ -154,3 +154,8 @@ def test_a_cluster_whose_setup_failed_bills_until_autostop(tmp_path):
         w0, w1 = costs.worker_costs(led, until=T0 + 5000)
     assert (w0.state, w0.held_seconds) == ("failed", 300 + 600)  # idle from 300, default autostop 10 min
     assert (w1.state, w1.held_seconds) == ("failed", 1)
+
+
+def test_busy_time_counts_overlapping_attempts_once():
+    """A pipelined worker leases its next attempt while one runs: the overlap is not busy twice."""
+    assert costs._union([(5.0, 9.0), (0.0, 4.0), (3.0, 6.0), (10.0, 11.0)]) == [(0.0, 9.0), (10.0, 11.0)]

@@ -84,6 +84,25 @@ class BaseBackend(abc.ABC):
         """Whether the slot can take a new run now (a relaunching cluster cannot). Must not block."""
         return True
 
+    def started(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> float | None:
+        """When the run began to execute (epoch seconds); None while it waits, or when it began at launch.
+
+        The controller's deadline counts from here, so time a remote job spends in `sky exec`
+        or queued behind the run before it is not taken from its budget. Must not block.
+        """
+        return None
+
+    def start_patience(self, slot: WorkerSlot, spec: RunSpec) -> float:
+        """Seconds past the lease a run may wait before it starts (0: runs start at launch).
+
+        A run not started by then is killed and requeued as `infra`.
+        """
+        return 0.0
+
+    def pipelined(self, slot: WorkerSlot) -> bool:
+        """Whether the slot takes its next run while one runs: queued behind it, never beside it."""
+        return False
+
     def use_ledger(self, ledger: Any) -> None:
         """Where to record the backend's own events (the controller's ledger, used on its thread only)."""
 

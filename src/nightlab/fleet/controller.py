@@ -46,8 +46,9 @@ class _Active:
     attempt: Attempt
     spec: RunSpec
     handle: dict[str, Any]
-    deadline: float
-    killed: str | None = None  # "timeout" | "cancelled" | "stopped"
+    deadline: float  # lease + timeout + the backend's start patience, then start + timeout
+    started: bool = False
+    killed: str | None = None  # "timeout" | "cancelled" | "unstarted"
     killed_at: float = 0.0
 
 
@@ -334,7 +335,8 @@ class Controller:
             spec = self._spec(attempt)
             key = slot.name if slot.name not in busy else f"{slot.name}#{attempt.id}"
             busy.add(slot.name)
-            self.active[key] = _Active(slot, attempt, spec, attempt.handle, attempt.started_at + spec.timeout)
+            deadline = attempt.started_at + spec.timeout + self._backend(slot).start_patience(slot, spec)
+            self.active[key] = _Active(slot, attempt, spec, attempt.handle, deadline)
             self.health.watch(attempt, slot, attempt.handle)
             self.ledger.set_worker(slot.name, state="busy", experiment_id=attempt.experiment_id)
             self.ledger.log_event("reattach", attempt.experiment_id, worker=slot.name, attempt=attempt.number)
@@ -354,15 +356,24 @@ class Controller:
                 ended = backend.poll(active.slot, active.spec, active.handle)
             except NightlabError as e:
                 ended = RunExit(None, lost=True, detail=str(e))
+            if ended is None and not active.started:
+                started = backend.started(active.slot, active.spec, active.handle)
+                if started is not None:  # the budget counts from the start, not from the lease
+                    active.started, active.deadline = True, started + active.spec.timeout
             if ended is None and active.killed is None:
                 if now > active.deadline:
-                    active.killed, active.killed_at = "timeout", now
+                    late = not active.started and backend.start_patience(active.slot, active.spec) > 0
+                    active.killed, active.killed_at = "unstarted" if late else "timeout", now
                     backend.kill(active.slot, active.spec, active.handle)
                 elif active.spec.experiment_id in cancel:
                     active.killed, active.killed_at = "cancelled", now
                     backend.kill(active.slot, active.spec, active.handle)
             if ended is None and active.killed and now - active.killed_at > KILL_GRACE_SECONDS:
                 ended = RunExit(None, lost=True, detail="did not exit after being killed")
+            if ended is not None and active.killed == "unstarted":
+                ended = RunExit(
+                    None, lost=True, detail=f"did not start within {now - active.attempt.started_at:.0f} s"
+                )
             if ended is not None:
                 ended_runs.append((active, ended))
                 del self.active[key]
@@ -461,8 +472,7 @@ class Controller:
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""
-        busy = {a.slot.name for a in self.active.values()}
-        free = [s for s in self.slots if s.name not in busy]
+        free = self._free_slots()
         queued = self._queued_by_tier()
         if free and any(queued.values()) and self._disk_full_now():
             return True  # a run started now would die writing its log: wait in the queue for space
@@ -491,8 +501,22 @@ class Controller:
                 continue
             self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
             self.health.watch(attempt, slot, handle)
-            self.active[slot.name] = _Active(slot, attempt, spec, handle, time.time() + spec.timeout)
+            deadline = time.time() + spec.timeout + self._backend(slot).start_patience(slot, spec)
+            key = slot.name if slot.name not in self.active else f"{slot.name}#{attempt.id}"
+            self.active[key] = _Active(slot, attempt, spec, handle, deadline)
         return any(queued.get(t) for t in {s.tier for s in self.slots})
+
+    def _free_slots(self) -> list[WorkerSlot]:
+        """Slots without a run, and pipelined slots whose one run has started (the next queues behind it)."""
+        runs: dict[str, list[_Active]] = {}
+        for active in self.active.values():
+            runs.setdefault(active.slot.name, []).append(active)
+        return [
+            s
+            for s in self.slots
+            if not runs.get(s.name)
+            or (len(runs[s.name]) == 1 and runs[s.name][0].started and self._backend(s).pipelined(s))
+        ]
 
     def _disk_full_now(self) -> bool:
         free = free_bytes(self.lab_dir / ".nightlab")

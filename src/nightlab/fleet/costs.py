@@ -7,7 +7,8 @@ start and end. From those:
 
     held      seconds a cluster was billing: from each launch to its down / loss, or to now
     setup     seconds from a launch to the cluster being up (provisioning + set-up script)
-    busy      seconds attempts ran on the worker (lease to end, so dispatch overhead counts)
+    busy      seconds attempts ran on the worker (lease to end, so dispatch overhead counts;
+              a next attempt queued while one runs counts once)
     training  the `training_seconds` each finished experiment reported on that worker
     idle      held - setup - busy
     efficiency  training / held  (the public autoresearch 16-GPU run: ~7 of 12 possible
@@ -148,13 +149,24 @@ def worker_costs(
             workers[name].state = "autostopped"  # no controller watched: SkyPilot stopped it by now
     training = _training_by_worker(ledger)
     for name, w in workers.items():
-        for started, ended in attempts.get(name, []):
-            w.busy_seconds += _clip(started, ended or until, since, until)
+        for started, ended in _union([(a, b or until) for a, b in attempts.get(name, [])]):
+            w.busy_seconds += _clip(started, ended, since, until)
         for finished_at, seconds in training.get(name, []):
             if since is None or finished_at >= since:
                 w.training_seconds += seconds
                 w.experiments += 1
     return sorted(workers.values(), key=lambda w: w.worker)
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The spans merged where they overlap: a pipelined worker's next attempt is leased while one runs."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _attempts_by_worker(ledger: Ledger, names: set[str]) -> dict[str, list[tuple[float, float | None]]]:

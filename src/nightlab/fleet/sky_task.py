@@ -54,13 +54,14 @@ REMOTE_WHEEL_DIR = "~/.nightlab/wheel"
 PAYLOAD_CHUNK = 96 * 1024  # bytes of base64 per variable, under MAX_ARG_STRLEN (128 KiB)
 PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 MiB on Linux)
 # The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
-# which starts at the lease, always fires first and cancels the job (outcome `timeout`).
+# which starts when the job reports `nightlab-start:`, always fires first and cancels the
+# job (outcome `timeout`).
 REMOTE_TIMEOUT_MARGIN = 60
 _LOCAL_PATHS = {
     "NIGHTLAB_LAB",
     "NIGHTLAB_DATA_DIR",
 }  # paths on the controller's machine: meaningless remotely
-POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price"}
+POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price", "pipeline"}
 
 WORKER_YAML = """\
 # The SkyPilot task of every nightlab worker cluster (one cluster per worker).
@@ -125,6 +126,12 @@ run: |
 # (see `save_score` for why a line train.py printed cannot stand in for it). `-I`: the
 # snapshot (the cwd) must not shadow the installed harness, and PYTHONPATH does not count.
 RUN_SCRIPT = r"""set -u
+# One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
+# (a job that asks for no GPU asks for one CPU): the next one, queued early so the GPU never
+# idles between runs, waits here. Its budget starts at `nightlab-start:`, not at `sky exec`.
+exec 9>"$HOME/.nightlab-run.lock"
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+echo "nightlab-start: $(date +%s.%N)"
 venv="${NIGHTLAB_VENV:-$HOME/nightlab-venv}"; venv="${venv/#\~/$HOME}"
 if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
 export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
@@ -322,7 +329,7 @@ _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
 # Unanchored, last occurrence: a run that ends with half a line (no newline) would otherwise swallow the
 # run script's next tag. A tag's authority is its order (the run script prints last), not its column.
-_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score): ?(.*?)\s*$")
+_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score|start): ?(.*?)\s*$")
 
 
 OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix
@@ -339,9 +346,16 @@ class JobLogSink(io.TextIOBase):
     those (the last `OTHER_FORMAT_LIMIT` characters).
     """
 
-    def __init__(self, out: IO[str] | Path, *, active: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        out: IO[str] | Path,
+        *,
+        active: Callable[[], bool] | None = None,
+        on_tag: Callable[[str, str], None] | None = None,
+    ) -> None:
         super().__init__()
         self.tags: dict[str, str] = {}
+        self._on_tag = on_tag  # told of each tag as it streams in (the job's start)
         self._active = active  # False once another reader owns `out`: stop writing there
         if isinstance(out, Path):
             out.write_text("")  # a fresh log per read; appended batch by batch, never held open
@@ -388,6 +402,8 @@ class JobLogSink(io.TextIOBase):
             match = _TAG.match(line)
             if match:
                 self.tags[match.group(1)] = match.group(2)
+                if self._on_tag is not None:
+                    self._on_tag(match.group(1), match.group(2))
             else:
                 kept.append(line + "\n")
         if self._active is not None and not self._active():

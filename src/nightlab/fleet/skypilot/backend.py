@@ -19,7 +19,7 @@ from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.sky_task import _sky, experiment_task, job_name
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
-from nightlab.fleet.skypilot.core import Shared, field_of, is_gone, lab_hash, log, skypilot_slots
+from nightlab.fleet.skypilot.core import Shared, field_of, is_gone, lab_hash, log, pipelined, skypilot_slots
 from nightlab.fleet.skypilot.jobs import Jobs, Run
 
 if TYPE_CHECKING:
@@ -132,6 +132,20 @@ class SkyPilotBackend(BaseBackend):
         thread = self.jobs.request_kill(self._run(slot, spec))
         if thread is not None:
             self._cancels.append(thread)
+
+    def started(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> float | None:
+        """When the run script got the cluster (after `sky exec` and any job queued before it)."""
+        run = self.jobs.get(spec)
+        with self.shared.lock:
+            return None if run is None else run.started_at
+
+    def start_patience(self, slot: WorkerSlot, spec: RunSpec) -> float:
+        """A run may wait for one run ahead of it in the queue, plus a cluster relaunch."""
+        return spec.timeout + core.START_PATIENCE
+
+    def pipelined(self, slot: WorkerSlot) -> bool:
+        pool = self.pools.get(slot.name)
+        return pool is not None and pipelined(pool)
 
     def cleanup(self, spec: RunSpec) -> None:
         self.jobs.forget(spec)

@@ -40,6 +40,9 @@ RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
 CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
+# seconds past its lease and one run's timeout that a run may wait to start before it is
+# requeued: a lost cluster's relaunch with set-up took 616 s on a loaded 2-core box (RESULTS.md)
+START_PATIENCE = 1800.0
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")

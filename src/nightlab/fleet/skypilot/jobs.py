@@ -35,6 +35,8 @@ from nightlab.fleet.skypilot.core import (
     status_name,
 )
 
+STREAMS = 3  # log streams per job: SkyPilot's tail of a queued job gives up after 5 s, so follow again
+
 
 @dataclass
 class Run:
@@ -48,6 +50,9 @@ class Run:
     ended: RunExit | None = None
     kill_requested: bool = False
     unreadable_since: float | None = None  # when its job status last became unreadable
+    started_at: float | None = None  # when the run script got the cluster (`nightlab-start:`)
+    streams: int = 0  # log streams started (one normally; the monitor restarts a broken one)
+    streaming: bool = False
 
 
 class Jobs:
@@ -114,9 +119,34 @@ class Jobs:
             run.job_id, run.state = job_id, "running"
             kill = run.kill_requested
         self._save(run, job_id=job_id)
-        self.shared.thread(self._follow, run)
+        self._stream(run)
         if kill:
             self.cancel(run)
+
+    def _stream(self, run: Run) -> None:
+        with self.shared.lock:
+            run.streams, run.streaming = run.streams + 1, True
+        self.shared.thread(self._follow, run)
+
+    def _started(self, run: Run, stamp: str | None) -> None:
+        """The run script holds the cluster now: the controller's deadline counts from here.
+
+        The script's own clock is taken when it is plausible (not ahead of ours, and not a
+        whole budget ago), so a log replayed after a controller restart keeps the start;
+        otherwise the moment we saw the line.
+        """
+        now = time.time()
+        try:
+            remote = float(stamp) if stamp is not None else None
+        except ValueError:
+            remote = None
+        plausible = remote is not None and now - run.spec.timeout - 60 < remote <= now
+        at = remote if plausible else now
+        with self.shared.lock:
+            if run.started_at is not None:
+                return
+            run.started_at = at
+        self._save(run, started_at=at)
 
     def _wait_up(self, run: Run) -> bool:
         """Wait until the run's cluster is up (launching it when needed); False ends the run."""
@@ -159,6 +189,8 @@ class Jobs:
                 return existing
             self.runs[run.key] = run
         self.start()
+        if saved.get("started_at") is not None:
+            run.started_at = float(saved["started_at"])
         if saved.get("job_id") is not None:
             self._running(run, int(saved["job_id"]))
         else:
@@ -247,6 +279,13 @@ class Jobs:
                             run, RunExit(None, lost=True, detail=f"job {run.job_id} not found on `{name}`")
                         )
                         continue
+                if status == "RUNNING" and run.started_at is None and not run.streaming:
+                    # its log stream gave up before the job started (SkyPilot's tail waits 5 s
+                    # for a queued job's log): follow it again, or take this moment as its start
+                    if run.streams < STREAMS:
+                        self._stream(run)
+                    else:
+                        self._started(run, None)
                 if status in TERMINAL:
                     with self.shared.lock:
                         if run.state != "running":
@@ -287,13 +326,22 @@ class Jobs:
         a preemption looks) is left to the monitor, which polls the job's status and reads the
         log again with retries.
         """
+
         # once the monitor has taken the run over, it rewrites the log: this stream stops writing
-        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running")
+        def on_tag(key: str, value: str) -> None:
+            if key == "start":
+                self._started(run, value)
+
+        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running", on_tag=on_tag)
         try:
             code = self.shared.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
         except Exception as e:
             log.info("log stream of job %s on %s broke: %s", run.job_id, run.cluster.name, e)
+            with self.shared.lock:  # an unreachable API server: no new stream, the monitor goes on
+                run.streams = max(run.streams, STREAMS)
             return
+        finally:
+            run.streaming = False
         sink.finish()
         status = EXIT_STATUS.get(code)
         if status is None or (status == "FAILED" and "exit" not in sink.tags):
