@@ -93,6 +93,7 @@ def ledger_view(lab: Path):
 # ---------------------------------------------------------------------------- fleet up
 
 
+@pytest.mark.timeout(900)  # minutes on a loaded 2-core box (the suite's default is 300 s)
 def test_fleet_up_launches_and_sets_up_both_clusters(lab, env):
     from nightlab.fleet.build import code_hash
 
@@ -150,6 +151,7 @@ def _slurm_job_of(local_sky, cluster: str) -> str:
     return job
 
 
+@pytest.mark.timeout(1500)  # minutes on a loaded 2-core box (the suite's default is 300 s)
 def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
     from nightlab.fleet.build import code_hash
     from nightlab.fleet.skypilot import cluster_name
@@ -236,6 +238,7 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
 # ---------------------------------------------------------------------------- conformance
 
 
+@pytest.mark.timeout(1200)  # minutes on a loaded 2-core box (the suite's default is 300 s)
 def test_the_conformance_suite_on_the_real_sdk(lab, env):
     # the scenarios tests/fleet runs on nightlab.testing.fake_sky, here on the real SkyPilot
     from nightlab.testing.skypilot_conformance import EXPECTED
@@ -254,6 +257,7 @@ def test_the_conformance_suite_on_the_real_sdk(lab, env):
 # ---------------------------------------------------------------------------- fleet down
 
 
+@pytest.mark.timeout(600)  # minutes on a loaded 2-core box (the suite's default is 300 s)
 def test_fleet_down_leaves_nothing(lab, env, local_sky):
     from nightlab.fleet.skypilot import cluster_name
 

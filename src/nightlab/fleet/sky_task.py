@@ -92,7 +92,8 @@ envs:
 
 setup: |
   set -e
-  python3 -m venv "${NIGHTLAB_VENV/#\\~/$HOME}"
+  # a relaunched cluster keeps its home: reuse its venv (recreating one re-runs ensurepip over it)
+  [ -x "${NIGHTLAB_VENV/#\\~/$HOME}/bin/python" ] || python3 -m venv "${NIGHTLAB_VENV/#\\~/$HOME}"
   . "${NIGHTLAB_VENV/#\\~/$HOME}/bin/activate"
   pip install -q --upgrade pip
   # nightlab with its dependencies (torch pinned to the controller's), then this exact
