@@ -97,6 +97,7 @@ def run_fleet(
         fake = FakeSky(root / "clusters", scale=scale, exec_seconds=exec_seconds)
         # the backend's own waits are compressed like the fake's latencies
         core.STATUS_INTERVAL, core.RETRY_DELAY = STATUS_INTERVAL * scale, 2.0 * scale
+        core.LOST_RELAUNCH_DELAY = 60.0 * scale
         # ---------------------------------------------------------------- fleet up
         t0 = time.time()
         clusters = fleet_up(lab, sdk=fake)

@@ -52,6 +52,7 @@ def fast(monkeypatch):
     monkeypatch.setattr(sky_core, "STATUS_INTERVAL", 0.02)
     monkeypatch.setattr(sky_core, "RETRY_DELAY", 0.01)
     monkeypatch.setattr(sky_core, "RELAUNCH_BACKOFF", 0.2)
+    monkeypatch.setattr(sky_core, "LOST_RELAUNCH_DELAY", 0.05)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from nightlab.fleet.sky_task import (
     load_worker_config,
     pip_override,
 )
+from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.core import (
     Shared,
     autostop_minutes,
@@ -121,7 +122,7 @@ class Clusters:
             if cluster.state == "unknown":
                 cluster.state = "checking"
                 action = self._check_one
-            elif cluster.state == "down" or (cluster.state == "failed" and now >= cluster.retry_at):
+            elif cluster.state in ("down", "failed") and now >= cluster.retry_at:
                 cluster.state = "launching"
                 action = self.launch
             else:
@@ -276,7 +277,9 @@ class Clusters:
         with self.shared.lock:
             was_up = cluster.state == "up"
             if was_up:
-                cluster.state = "down"
+                # SkyPilot's Slurm clean-up of the lost allocation deletes the cluster's home, the
+                # same path a relaunch sets up again: relaunching at once raced it (broken venv)
+                cluster.state, cluster.retry_at = "down", time.time() + core.LOST_RELAUNCH_DELAY
         if was_up:
             self.shared.event("cluster-lost", cluster.worker, {"cluster": cluster.name, "detail": detail})
         self.notify(cluster)

@@ -43,6 +43,9 @@ CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
 # seconds past its lease and one run's timeout that a run may wait to start before it is
 # requeued: a lost cluster's relaunch with set-up took 616 s on a loaded 2-core box (RESULTS.md)
 START_PATIENCE = 1800.0
+# seconds between losing a cluster and relaunching it (tests/skypilot_real: an scancel'ed
+# allocation's clean-up removed the home of the cluster relaunched under the same name)
+LOST_RELAUNCH_DELAY = 60.0
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
