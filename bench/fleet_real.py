@@ -72,7 +72,9 @@ def git(lab: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=lab, check=True, capture_output=True)
 
 
-def batch(lab: Path, env: dict[str, str], *, pipelined: bool, runs: int, seconds: float) -> dict[str, float]:
+def batch(
+    lab: Path, env: dict[str, str], *, pipelined: bool, runs: int, seconds: float, seed0: int
+) -> dict[str, float]:
     """Submit `runs` experiments, run them on the two clusters, and measure the batch."""
     from nightlab.ledger import open_ledger
 
@@ -95,6 +97,8 @@ def batch(lab: Path, env: dict[str, str], *, pipelined: bool, runs: int, seconds
             "slurm",
             "--set",
             f"SLEEP={seconds}",
+            "--seed",
+            str(seed0 + i),  # the same snapshot: a new seed per run is a new measurement
             "--no-start",
             "--json",
         )
@@ -170,7 +174,14 @@ def main() -> None:
             modes = [True, False] if args.only is None else [args.only == "pipelined"]
             try:
                 for pipelined in modes:
-                    result = batch(lab, env, pipelined=pipelined, runs=args.runs, seconds=args.seconds)
+                    result = batch(
+                        lab,
+                        env,
+                        pipelined=pipelined,
+                        runs=args.runs,
+                        seconds=args.seconds,
+                        seed0=0 if pipelined else 1000,
+                    )
                     print(json.dumps(result), flush=True)
             finally:
                 subprocess.run(

@@ -249,8 +249,8 @@ def worker_yaml(base: Path) -> str:
     from nightlab.fleet.sky_task import WORKER_YAML
 
     lines = WORKER_YAML.splitlines(keepends=True)
-    (i,) = [i for i, line in enumerate(lines) if "python3 -m venv " in line]
-    venv = lines[i].split("python3 -m venv ", 1)[1].strip()  # the quoted venv path of the template
+    (i,) = [i for i, line in enumerate(lines) if "python3 -m venv --clear " in line]
+    venv = lines[i].split("python3 -m venv --clear ", 1)[1].strip()  # the template's quoted venv path
     stage = (
         "  # test fixture only (tests/skypilot_real/localsky.py): dependencies installed once\n"
         f'  for d in {venv}/lib/python3*/site-packages; do echo {base} > "$d/localsky-base.pth"; done\n'

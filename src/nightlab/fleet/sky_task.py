@@ -92,8 +92,10 @@ envs:
 
 setup: |
   set -e
-  # a relaunched cluster keeps its home: reuse its venv (recreating one re-runs ensurepip over it)
-  [ -x "${NIGHTLAB_VENV/#\\~/$HOME}/bin/python" ] || python3 -m venv "${NIGHTLAB_VENV/#\\~/$HOME}"
+  # a relaunched cluster keeps its home, or what a lost allocation's clean-up left of it (Slurm):
+  # a working venv is reused, a broken one made again
+  "${NIGHTLAB_VENV/#\\~/$HOME}/bin/python" -c 'import sys, pip; assert sys.prefix != sys.base_prefix and pip.__file__.startswith(sys.prefix)' 2>/dev/null ||
+    python3 -m venv --clear "${NIGHTLAB_VENV/#\\~/$HOME}"
   . "${NIGHTLAB_VENV/#\\~/$HOME}/bin/activate"
   pip install -q --upgrade pip
   # nightlab with its dependencies (torch pinned to the controller's), then this exact
