@@ -623,6 +623,19 @@ slurm:
 
     # ------------------------------------------------------------------ down
 
+    def user_processes(self) -> list[int]:
+        """Live processes of the SSH user that belong to this run (sshd sets its SLURM_CONF in each)."""
+        uid, marker, found = pwd.getpwnam(SSH_USER).pw_uid, f"SLURM_CONF={self.slurm_conf}".encode(), []
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if (
+                    proc.name.isdigit()
+                    and proc.stat().st_uid == uid
+                    and marker in (proc / "environ").read_bytes()
+                ):
+                    found.append(int(proc.name))
+        return found
+
     def jobs(self) -> list[str]:
         """Slurm jobs of this run (all users), as `id state name` lines."""
         out = _run(["squeue", "-h", "-o", "%i %T %j"], env=self.environ(), timeout=15, check=False)

@@ -152,11 +152,13 @@ unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
 cd "$work"
+# stderr joins stdout here: SkyPilot on Slurm carries the two apart and reordered a traceback
+# before the lines printed ahead of it (the conformance suite's crash scenario, real SDK)
 if [ "$supervise" = 1 ]; then
   timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" python -I -m nightlab.harness.attempt \
-    --run-dir "$run_dir" --lab "$NIGHTLAB_LAB" -- "$NIGHTLAB_COMMAND"
+    --run-dir "$run_dir" --lab "$NIGHTLAB_LAB" -- "$NIGHTLAB_COMMAND" 2>&1
 else
-  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND"
+  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND" 2>&1
 fi
 code=$?
 cd "$HOME"
