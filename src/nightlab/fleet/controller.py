@@ -11,6 +11,11 @@ polls them like its own. Runs that are still alive are re-attached; runs that en
 while no controller watched are recorded from their status file and log; runs that
 vanished are `infra` and go back to the queue. `Ledger.finish_attempt` refuses to end an
 attempt twice, so every experiment ends exactly once.
+
+Why one module of ~550 lines: the loop's halves (poll, record, dispatch, recovery) share the
+`active` table and the one ledger connection of the controller's thread; what stands alone
+lives beside it (`slots.py`, the result rules in `runner.py`, `capacity.py`, `health.py`, and
+the verdict policy that the lab injects).
 """
 
 from __future__ import annotations
