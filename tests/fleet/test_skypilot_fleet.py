@@ -790,6 +790,8 @@ def test_a_builtin_run_on_a_cluster_is_scored_by_the_harness_there(tmp_path, mon
     assert exps[honest].metrics["nightlab_code"]  # the worker's code hash, printed after the run
     shown = json.loads(cli_run("show", forger.id, "--json", cwd=lab).stdout)
     assert shown["trust"] == ("harness" if available() is None else "unsandboxed")
+
+
 # ---------------------------------------------------------------------------- start and pipelining
 
 
