@@ -47,10 +47,14 @@ def test_the_family_covers_the_kinds_sizes_crashes_and_noise_it_claims() -> None
     assert m.crash(big) == "oom"
 
 
-def test_the_held_out_set_shares_no_member_or_seed_with_dev() -> None:
+def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
     dev_members, dev_seeds = family.SETS["dev"]
-    held_members, held_seeds = family.SETS["heldout"]
-    assert not set(dev_members) & set(held_members) and not set(dev_seeds) & set(held_seeds)
+    for name in ("heldout", "heldout2"):
+        held_members, held_seeds = family.SETS[name]
+        assert not set(dev_members) & set(held_members) and not set(dev_seeds) & set(held_seeds)
+    old_members, old_seeds = family.SETS["heldout"]
+    new_members, new_seeds = family.SETS["heldout2"]  # the first held-out set was read once: a fresh one
+    assert not set(old_members) & set(new_members) and not set(old_seeds) & set(new_seeds)
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:
