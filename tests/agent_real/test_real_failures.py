@@ -218,10 +218,11 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     assert len(st["sessions"]) == 1 and st["cost_usd"] >= 0.05
     if cli == "codex":
         # enforced during the session, from the running token count in Codex's rollout file: the
-        # first reply already cost more than the cap, so the session was stopped after it, not
-        # after its 5 commands and the end of its turn (where Codex's transcript reports tokens)
+        # session was stopped mid-turn ("max-cost"), not left to end its turn ("exit 0", where
+        # Codex's transcript reports tokens). How many replies fit in the ~1 s poll depends on
+        # the load (measured: 1 at load 20, 4 on a quiet box)
         [session] = st["sessions"]
-        assert session["end"] == "max-cost" and session["commands"] <= 2, session
+        assert session["end"] == "max-cost" and session["exit_code"] is None, session
         assert session["input_tokens"] > 0 and session["cost_usd"] == st["cost_usd"]
     # the fleet was not stopped: the same controller runs on, and the queued experiment finishes
     after = json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"]
