@@ -82,7 +82,11 @@ def test_factorial_and_optuna_waves(quick_lab):
 
 
 def interrupt_once_submitted(lab, strategy: str):
-    """Start `search --waves 1` over WIDE, Ctrl-C it once its wave is submitted: (the wave, the process)."""
+    """Start `search --waves 1` over WIDE, Ctrl-C it once its wave is submitted: (the wave, the process).
+
+    The lab's runs must outlast a loaded box's polling here (3 s runs: 1 s ones sometimes ended,
+    and the search with them, before the Ctrl-C arrived).
+    """
     args = [
         sys.executable,
         "-m",
@@ -112,7 +116,7 @@ def interrupt_once_submitted(lab, strategy: str):
 
 
 def test_interrupted_search_resumes_its_wave(quick_lab):
-    lab = quick_lab(slots=2, sleep=1.0)
+    lab = quick_lab(slots=2, sleep=3.0)
     nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
     wave, proc = interrupt_once_submitted(lab, "greedy")
     assert proc.stdout.read() == ""  # interrupted before the wave was judged
@@ -196,7 +200,7 @@ def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
 
 
 def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twice(quick_lab):
-    lab = quick_lab(slots=4, sleep=1.0)
+    lab = quick_lab(slots=4, sleep=3.0)
     interrupt_once_submitted(lab, "surface")
     again = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
     assert "no noise floor" not in again.stderr and "noise floor on cpu: 0.0" in again.stderr
