@@ -204,7 +204,8 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     # status taken while it is still starting reads "not running"
     controller = wait_for(
         lambda: (
-            (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["running"] and c
+            # running with a pid: while it starts, status says running before the pid is written
+            (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["pid"] and c
         ),
         timeout=30,
         what="the controller that submit started",
