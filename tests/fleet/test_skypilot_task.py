@@ -349,3 +349,42 @@ def test_a_worker_without_a_sandbox_marks_every_score_unsandboxed(tmp_path):
     assert json.loads((tmp_path / "score.json").read_text())["sandbox"] == "bwrap"
     probe = sky_task.clean_job_log("(t, pid=2) nightlab-sandbox: none\n")[1]
     assert probe == {"sandbox": "none"}
+
+
+def test_a_reattached_run_on_a_worker_without_a_sandbox_is_marked_down(tmp_path):
+    """A controller that did not launch the cluster reads the probe from the ledger's `cluster-up`.
+
+    Without it, a run on a worker whose set-up probe found no bubblewrap would have its score's
+    word taken after a controller restart (the cluster object of the new controller knows nothing).
+    """
+    import base64
+
+    from nightlab.fleet.skypilot.clusters import Cluster
+    from nightlab.fleet.skypilot.core import Shared
+    from nightlab.fleet.skypilot.jobs import Jobs, Run
+    from nightlab.ledger import Ledger
+
+    with Ledger(tmp_path / "ledger.db", create=True) as ledger:
+        for kind, worker, data in [
+            ("cluster-launch", "w1", {}),
+            ("cluster-up", "w1", {"sandbox": "none"}),
+            ("cluster-launch", "w2", {}),
+            ("cluster-up", "w2", {"sandbox": "bwrap"}),
+            ("cluster-lost", "w2", {}),  # relaunched since: that probe no longer holds
+        ]:
+            ledger.log_event(kind, None, worker=worker, cluster=f"c-{worker}", **data)
+        shared = Shared(None, lab_dir=None, status_interval=1.0, log_retries=1, retry_delay=0.0)
+        shared.use_ledger(ledger)
+    assert shared.recorded_software == {"w1": {"sandbox": "none"}}
+    shared.event("cluster-up", "w2", {"sandbox": "bwrap"})  # this backend's own launch
+    assert shared.recorded_software["w2"] == {"sandbox": "bwrap"}
+
+    lab, commit = _git_lab(tmp_path, {"train.py": b"print(1)\n"})
+    spec = _spec(lab, commit, "python train.py")
+    spec.log_path.parent.mkdir(parents=True)
+    spec.log_path.write_text("---\nval_bpb: 1.2\n")
+    pool = PoolConfig(backend="skypilot", tier="h100", slots=1)
+    run = Run("k", spec, Cluster("w1", "c-w1", pool))  # software unknown: not launched by us
+    claim = base64.b64encode(json.dumps({"status": "ok", "val_bpb": 1.2, "sandbox": "bwrap"}).encode())
+    Jobs(shared, clusters=None)._finish(run, "SUCCEEDED", {"score": claim.decode(), "exit": "0"})
+    assert json.loads((spec.run_dir / "score.json").read_text())["sandbox"] == "none"

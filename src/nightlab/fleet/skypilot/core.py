@@ -157,6 +157,10 @@ class Shared:
         # the kind of each worker's latest cluster event: read once from the ledger, then kept
         # current by `event` (this backend records every cluster event it causes)
         self.last_cluster_event: dict[str, str] = {}
+        # what each worker's latest set-up probe found (its `cluster-up` event), for a cluster this
+        # backend did not launch itself: a controller that re-attaches must not take a score's word
+        # for a worker whose probe found no sandbox
+        self.recorded_software: dict[str, dict[str, Any]] = {}
 
     def use_ledger(self, ledger: Ledger) -> None:
         """Record events in `ledger` from now on; call on the thread that owns it."""
@@ -169,8 +173,13 @@ class Shared:
             log.warning("could not read cluster events: %s", e)
             return
         recorded = {e.worker: e.kind for e in events if e.worker}
+        software: dict[str, dict[str, Any]] = {}
+        for e in events:
+            if e.worker:
+                _note_software(software, e.kind, e.worker, e.data)
         with self.lock:  # what this backend queued meanwhile is newer
             self.last_cluster_event = {**recorded, **self.last_cluster_event}
+            self.recorded_software = {**software, **self.recorded_software}
 
     def event(self, kind: str, worker: str, data: dict[str, Any]) -> None:
         """Queue a ledger event (any thread); the owner's next call into the backend writes it."""
@@ -178,6 +187,7 @@ class Shared:
             self._pending.append((kind, worker, data))
             if kind.startswith(CLUSTER_EVENT_PREFIX):
                 self.last_cluster_event[worker] = kind
+                _note_software(self.recorded_software, kind, worker, data)
 
     def flush(self) -> None:
         """Write the queued events to the ledger; only on the ledger's own thread."""
@@ -232,3 +242,15 @@ class Shared:
                     raise
                 self.stop.wait(self.retry_delay * 2**i)
         raise AssertionError("unreachable")
+
+
+def _note_software(software: dict[str, dict[str, Any]], kind: str, worker: str, data: dict[str, Any]) -> None:
+    """Keep `software[worker]` to what the worker's latest `cluster-up` probe found.
+
+    Any other cluster event (a launch, a loss, a teardown) means a new cluster whose probe is
+    not known yet, so the old one is forgotten.
+    """
+    if kind == "cluster-up":
+        software[worker] = {"sandbox": data.get("sandbox")}
+    else:
+        software.pop(worker, None)

@@ -374,7 +374,11 @@ class Jobs:
             run.spec.log_path, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"), code=code
         )
         # a supervised run's `score.json` (sky_task.save_score); the worker's probe can only mark it down
-        save_score(run.spec.run_dir, tags, worker_sandbox=run.cluster.software.get("sandbox"))
+        sandbox = run.cluster.software.get("sandbox")
+        if sandbox is None:  # a cluster an earlier controller launched: its probe is in the ledger
+            with self.shared.lock:
+                sandbox = self.shared.recorded_software.get(run.cluster.worker, {}).get("sandbox")
+        save_score(run.spec.run_dir, tags, worker_sandbox=sandbox)
         exit_tag = tags.get("exit")
         if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
             ended = RunExit(int(exit_tag), code=code)
