@@ -7,9 +7,10 @@ from pathlib import Path
 from labkit import nightlab, wait_json
 from nightlab.agent.prompt import Budget, build_prompt
 from nightlab.lab import Lab
+from nightlab.ledger import _base as ledger_base
 
 
-def test_the_prompt_carries_the_labs_state(make_lab):
+def test_the_prompt_carries_the_labs_state(make_lab, monkeypatch):
     lab = make_lab(slots=2)
     nightlab("submit", "-m", "baseline", "--repeats", "2", cwd=lab)
     nightlab("submit", "-m", "lr 0.02", "--set", "LR=0.02", cwd=lab)
@@ -19,10 +20,18 @@ def test_the_prompt_carries_the_labs_state(make_lab):
     nightlab("submit", "-m", "lr 0.03 queued", "--set", "LR=0.03", "--no-start", cwd=lab)
     (lab / "train.py").write_text((lab / "train.py").read_text().replace("SLEEP = 0.2", "SLEEP = 0.1"))
     (lab / "prepare.py").write_text("# tampered\n")
+    decoded: list[str] = []
+    real = ledger_base._to_experiment
+    monkeypatch.setattr(
+        ledger_base, "_to_experiment", lambda row, m=None: decoded.append(row["id"]) or real(row, m)
+    )
     with Lab.open(lab) as opened:
         text = build_prompt(
             opened, session=4, reason="stall", budget=Budget(hours_left=2.5, experiments_left=7)
         )
+    # the journal reads every experiment once; the state section ranks from keys and decodes
+    # only the crashes it lists (at 20,000 experiments a second full read cost ~1 s)
+    assert decoded.count("e0005") == 1
 
     assert text.startswith("# nightlab research session 4 (")
     assert "The previous session ended (stall)" in text

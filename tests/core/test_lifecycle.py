@@ -177,3 +177,35 @@ def test_fleet_stop_stops_a_controller_that_is_still_starting(make_lab):
     finally:
         if alive(pid):
             os.kill(pid, 9)
+
+
+def test_status_says_starting_and_names_no_stale_pid_while_the_controller_starts(make_lab, procs):
+    """`status --json` used to say running with the previous controller's pid (or null) then."""
+    from nightlab.lab import Lab
+    from nightlab.ledger import open_ledger
+    from nightlab.views import controller_state
+
+    lab = make_lab(slots=1)
+    with Lab.open(lab) as opened:
+        assert controller_state(opened) == {
+            "running": False,
+            "starting": False,
+            "pid": None,
+            "heartbeat_age": None,
+        }
+    with open_ledger(lab) as ledger:
+        ledger.claim_controller(999_999, "old-host")  # the record a previous controller left
+    with Lab.open(lab) as opened:
+        assert controller_state(opened)["pid"] == 999_999  # stopped: the last one's pid
+        proc = owner(daemon.process(lab), lab, start=1.0)
+        procs.append(proc)
+        deadline = time.time() + 10
+        while not controller_state(opened)["starting"] and time.time() < deadline:
+            time.sleep(0.01)
+        state = controller_state(opened)
+        assert state["starting"] and state["running"] and state["pid"] is None
+        while controller_state(opened)["starting"] and time.time() < deadline:
+            time.sleep(0.01)
+        state = controller_state(opened)
+        assert state["running"] and not state["starting"] and state["pid"] == proc.pid
+        assert daemon.process(lab).stop(timeout=10) == proc.pid

@@ -61,7 +61,7 @@ def _instructions(lab) -> list[str]:
 
 def _state(lab, budget: Budget) -> list[str]:
     from nightlab import snapshots
-    from nightlab.analysis import noise_sigma, results
+    from nightlab.analysis import noise_sigma, ranking
     from nightlab.identity import epoch_key
 
     config = lab.config
@@ -78,7 +78,8 @@ def _state(lab, budget: Budget) -> list[str]:
         + ", ".join(f"tier `{t}` {n} slot{'s' if n != 1 else ''}" for t, n in sorted(slots.items()))
         + f" (default tier `{config.fleet.default_tier}`)"
     )
-    rows, incumbents = results(lab.ledger, config, lab.path)
+    # ranked from a few columns per experiment; only the crashes listed below are decoded
+    ranked, incumbents = ranking(lab.ledger, config, lab.path)
     head = lab.head()
     subject = snapshots.git_text(lab.path, "log", "-1", "--format=%s", head)
     out.append(f'- incumbent: {head[:10]} "{subject}"')
@@ -103,44 +104,45 @@ def _state(lab, budget: Budget) -> list[str]:
             parts.append(f"{budget.experiments_left} more experiments")
         out.append(f"- this run's budget: {', '.join(parts)}; spend it on the most promising ideas")
 
-    exps = [r.experiment for r in rows]
+    keys = [r.key for r in ranked]
     flying = sorted(
-        (e for e in exps if e.status in (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)),
-        key=lambda e: e.seq,
+        (k for k in keys if k.status in (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)),
+        key=lambda k: k.seq,
     )
     out += ["", "## In flight (do not resubmit; `nightlab wait --any` for them)"]
     if flying:
-        out += [f"- {e.id} {e.status.label} on {e.tier}: {e.description}" for e in flying]
+        out += [f"- {k.id} {k.status.label} on {k.tier}: {k.description}" for k in flying]
     else:
         out.append("- nothing: every slot is free, submit a wave now")
 
     out += ["", "## Best results per tier"]
-    best = [r for r in rows if r.value is not None]
+    best = [r for r in ranked if r.value is not None]
     if not best:
         out.append("- none yet")
-    for tier in sorted({r.experiment.tier for r in best}):
+    for tier in sorted({r.key.tier for r in best}):
         seen: set[str] = set()  # one row per snapshot: repeats of it add nothing here
-        for r in [r for r in best if r.experiment.tier == tier]:
-            e = r.experiment
-            if e.tree in seen:
+        for r in [r for r in best if r.key.tier == tier]:
+            k = r.key
+            if k.tree in seen:
                 continue
-            seen.add(e.tree)
+            seen.add(k.tree)
             delta = "" if r.delta is None else f" ({r.delta:+.6f} vs incumbent)"
-            out.append(f"- {e.id} {tier} {r.value:.6f}{delta} {e.verdict or 'undecided'}: {e.description}")
+            out.append(f"- {k.id} {tier} {r.value:.6f}{delta} {k.verdict or 'undecided'}: {k.description}")
             if len(seen) == TOP_RESULTS:
                 break
     head_tree = lab.head_tree()
     pending_keeps = {
-        e.tree: e for e in exps if e.verdict == "keep" and e.adopted_at is None and e.tree != head_tree
+        k.tree: k for k in keys if k.verdict == "keep" and k.adopted_at is None and k.tree != head_tree
     }
     if pending_keeps:
         out += ["", "## Kept but not adopted (adopt the best of them: `nightlab adopt ID`)"]
-        out += [f"- {e.id} {e.tier}: {e.description}" for e in pending_keeps.values()]
+        out += [f"- {k.id} {k.tier}: {k.description}" for k in pending_keeps.values()]
 
-    crashed = sorted(
-        (e for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok), key=lambda e: -e.seq
-    )[:RECENT_CRASHES]
-    if crashed:
+    crashed_ids = [
+        k.id for k in sorted(keys, key=lambda k: -k.seq) if k.status == ExperimentStatus.FINISHED and not k.ok
+    ][:RECENT_CRASHES]
+    if crashed_ids:
+        crashed = sorted(lab.ledger.experiments(ids=crashed_ids), key=lambda e: -e.seq)
         out += ["", "## Recent crashes (`nightlab show ID` for the log tail)"]
         out += [f"- {e.id} {e.outcome}: {e.detail or '-'} | {e.description}" for e in crashed]
 

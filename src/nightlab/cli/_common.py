@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -49,7 +48,10 @@ def with_lab(fn: Callable) -> Callable:
 
 
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, separators=(",", ":"), default=str) + "\n")
+    """`data` as one line of compact JSON on stdout (`views.json_text`: NaN and infinity are null)."""
+    from nightlab.views.encode import json_text
+
+    sys.stdout.write(json_text(data) + "\n")
 
 
 def say(message: str) -> None:

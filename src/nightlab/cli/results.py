@@ -3,7 +3,7 @@ from __future__ import annotations
 import click
 
 from nightlab.cli._common import console, emit_json, fmt, json_option, say, with_lab
-from nightlab.views import results_payload
+from nightlab.views import every_result_payload, results_payload
 
 DEFAULT_ROWS = 15
 
@@ -42,7 +42,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
     Example:
       nightlab results --json | jq '.experiments[] | select(.verdict == "keep") | .id'
     """
-    from nightlab.analysis import every_result, ranking, result_rows
+    from nightlab.analysis import ranking, result_rows
     from nightlab.harness.owned import TRUST_NOTES
 
     if tier is not None:
@@ -50,8 +50,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
     metric = lab.config.metric.name
     judge = lab.judge()
     if as_json and (all_ or limit is None):
-        rows, ranked, incumbents = every_result(lab.ledger, lab.config, lab.path, tier=tier)
-        emit_json(results_payload(lab, ranked, incumbents, rows))
+        emit_json(every_result_payload(lab, tier=tier))
         return
     ranked, incumbents = ranking(lab.ledger, lab.config, lab.path, tier=tier)
     if as_json:

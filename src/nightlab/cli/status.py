@@ -9,7 +9,9 @@ from nightlab.views import fleet_state
 def print_state(state: dict) -> None:
     out = console()
     c = state["controller"]
-    if c["running"]:
+    if c["starting"]:
+        out.print("controller: starting")
+    elif c["running"]:
         out.print(f"controller: running (pid {c['pid']})")
     else:
         out.print("controller: not running (starts with the next submit, or `nightlab fleet start`)")

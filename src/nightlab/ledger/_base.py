@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nightlab.bulk import gc_paused
 from nightlab.errors import LedgerError, UnknownExperimentError
 from nightlab.ledger import integrity
 from nightlab.ledger._rows import (
@@ -165,7 +166,8 @@ class BaseLedger(ABC):
             metrics = self._all_metrics()  # one scan beats thousands of bound ids
         else:
             metrics = self.metrics_for([r["id"] for r in rows])
-        return [_to_experiment(r, metrics.get(r["id"], {})) for r in rows]
+        with gc_paused():
+            return [_to_experiment(r, metrics.get(r["id"], {})) for r in rows]
 
     def rank_keys(self, metric: str, *, tier: str | None = None) -> list[RankKey]:
         """Every experiment (of `tier`) as a `RankKey` for `metric`, in submission order.

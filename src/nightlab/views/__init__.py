@@ -10,13 +10,15 @@ Other read commands emit a domain object's own `to_dict()` (`Wave`, `WaveStatus`
 """
 
 from nightlab.views.effects import effects_payload, predicted_best
-from nightlab.views.results import result_row, results_payload
+from nightlab.views.results import every_result_payload, result_row, results_payload
 from nightlab.views.show import TAIL_LINES, show_payload
-from nightlab.views.status import expected_seconds, fleet_state
+from nightlab.views.status import controller_state, expected_seconds, fleet_state
 
 __all__ = [
     "TAIL_LINES",
+    "controller_state",
     "effects_payload",
+    "every_result_payload",
     "expected_seconds",
     "fleet_state",
     "predicted_best",

@@ -40,6 +40,16 @@ def results_payload(lab: Any, ranked: list, incumbents: dict, rows: list) -> dic
     }
 
 
+def every_result_payload(lab: Any, *, tier: str | None = None) -> dict[str, Any]:
+    """`results_payload` of every experiment (of `tier`): the whole `results --json` document."""
+    from nightlab.analysis import every_result
+    from nightlab.bulk import gc_paused
+
+    with gc_paused():
+        rows, ranked, incumbents = every_result(lab.ledger, lab.config, lab.path, tier=tier)
+        return results_payload(lab, ranked, incumbents, rows)
+
+
 def result_row(lab: Any, row: Any) -> dict[str, Any]:
     """One decoded `analysis.ResultRow` as the document lists it (with who vouches for its figures)."""
     from nightlab.judge import trust, verdict_label

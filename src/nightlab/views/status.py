@@ -31,15 +31,32 @@ def expected_seconds(lab: Any, tier: str) -> float | None:
     return None
 
 
+def controller_state(lab: Any) -> dict[str, Any]:
+    """Whether the lab's controller runs or is starting, its pid, and its heartbeat's age.
+
+    While one starts (its process exists but does not hold the lock yet) `starting` is true and
+    `pid` is null: the ledger's record still names the previous controller then. A stopped
+    controller's `pid` is the last one's, from that record.
+    """
+    from nightlab.fleet.daemon import running_pid
+
+    pid = running_pid(lab.path)
+    record = lab.ledger.controller()
+    starting = pid == -1
+    return {
+        "running": pid is not None,
+        "starting": starting,
+        "pid": None if starting else pid if pid is not None else (record.pid if record else None),
+        "heartbeat_age": time.time() - record.heartbeat_at if record else None,
+    }
+
+
 def fleet_state(lab: Any) -> dict[str, Any]:
     """The controller, workers, running experiments and queue, as plain data."""
     from nightlab.analysis import fleet_efficiency
     from nightlab.fleet.costs import worker_costs
-    from nightlab.fleet.daemon import running_pid
     from nightlab.ledger import ExperimentStatus
 
-    pid = running_pid(lab.path)
-    record = lab.ledger.controller()
     running = lab.ledger.experiments(status=ExperimentStatus.RUNNING, with_metrics=False)
     queued = lab.ledger.experiments(status=ExperimentStatus.QUEUED, with_metrics=False)
     timeout = lab.config.target.timeout
@@ -67,11 +84,7 @@ def fleet_state(lab: Any) -> dict[str, Any]:
             }
         )
     return {
-        "controller": {
-            "running": pid is not None,
-            "pid": pid if pid and pid > 0 else (record.pid if record else None),
-            "heartbeat_age": now - record.heartbeat_at if record else None,
-        },
+        "controller": controller_state(lab),
         "workers": [w.to_dict() for w in lab.ledger.workers()],
         "efficiency": efficiency.__dict__ if efficiency else None,
         "clusters": [w.to_dict() for w in worker_costs(lab.ledger)],

@@ -23,7 +23,6 @@ Safety:
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from nightlab.errors import LedgerError, NightlabError, UnknownExperimentError, UsageError
+from nightlab.views.encode import json_text
 from nightlab.web import _views
 from nightlab.web._readonly import ReadOnlyLab
 
@@ -255,22 +255,19 @@ def create_app(
 
     # ------------------------------------------------------------------ JSON
 
-    def encode(data: Any) -> str:
-        return json.dumps(data, separators=(",", ":"), default=str)
-
     def dump(data: Any) -> Response:
-        body = data if isinstance(data, str) else encode(data)
+        body = data if isinstance(data, str) else json_text(data)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @app.get("/api/results")
     def api_results() -> Response:
         """Exactly `nightlab results --json`."""
-        return dump(site.data(lambda lab: _views.finite(site.cache.results(lab)[0])))
+        return dump(site.data(site.cache.results_json))
 
     @app.get("/api/status")
     def api_status() -> Response:
         """Exactly `nightlab status --json`."""
-        return dump(site.data(lambda lab: _views.finite(_views._fleet_state(lab))))
+        return dump(site.data(_views._fleet_state))
 
     @app.get("/api/overview")
     def api_overview() -> Response:
@@ -282,7 +279,7 @@ def create_app(
         return dump(
             site.data(
                 lambda lab: site.cache.get(
-                    lab, "progress-json", lambda lab: encode(_views.progress_series(lab, site.cache))
+                    lab, "progress-json", lambda lab: json_text(_views.progress_series(lab, site.cache))
                 )
             )
         )
