@@ -88,17 +88,27 @@ def tsv_status(e: Experiment, adopted_trees: Iterable[str]) -> str:
     return "keep" if kept(e, adopted_trees) else "discard"
 
 
-def verdict_label(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str:
-    """A verdict as listings show it, with what it was judged against when that matters.
+def verdict_context(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str | None:
+    """What a listing must say beside a verdict: "incumbent", "earlier incumbent", or None.
 
     Args:
         incumbent: the run is of today's incumbent (its verdict is history, not a judgement of it).
         earlier_incumbent: the verdict was judged against another incumbent than today's.
     """
-    shown = verdict or "-"
     if incumbent and verdict not in (Verdict.KEEP, Verdict.BASELINE):
-        return f"incumbent (was {shown})"  # judged before it was adopted
+        return "incumbent"  # judged before it was adopted
     if earlier_incumbent:
+        return "earlier incumbent"
+    return None
+
+
+def verdict_label(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str:
+    """A verdict as listings show it, with `verdict_context` when there is one."""
+    shown = verdict or "-"
+    context = verdict_context(verdict, incumbent=incumbent, earlier_incumbent=earlier_incumbent)
+    if context == "incumbent":
+        return f"incumbent (was {shown})"
+    if context == "earlier incumbent":
         return f"{shown} (vs earlier incumbent)"
     return str(shown)
 

@@ -350,3 +350,24 @@ def test_results_json_and_table_label_verdicts_by_one_rule(lab):
         rows[base]["verdict_label"] == "baseline (vs earlier incumbent)"
         or rows[base]["verdict_label"] in table
     )
+
+
+def test_the_dashboard_styles_verdicts_by_the_judges_context_not_a_rule_of_its_own():
+    from pathlib import Path
+
+    import nightlab.web
+    from nightlab.judge import verdict_context, verdict_label
+
+    cases = {
+        (Verdict.WITHIN_NOISE, True, False): ("incumbent", "incumbent (was within-noise)"),
+        (Verdict.KEEP, True, False): (None, "keep"),
+        (Verdict.DISCARD, False, True): ("earlier incumbent", "discard (vs earlier incumbent)"),
+        (None, False, False): (None, "-"),
+    }
+    for (verdict, incumbent, earlier), want in cases.items():
+        seen = {"incumbent": incumbent, "earlier_incumbent": earlier}
+        assert (verdict_context(verdict, **seen), verdict_label(verdict, **seen)) == want
+    templates = Path(nightlab.web.__file__).parent / "templates"
+    text = "".join(p.read_text() for p in templates.glob("*.html"))
+    assert "r.verdict_context ==" in text
+    assert "r.incumbent" not in text and "r.earlier_incumbent" not in text

@@ -52,12 +52,12 @@ def every_result_payload(lab: Any, *, tier: str | None = None) -> dict[str, Any]
 
 def result_row(lab: Any, row: Any) -> dict[str, Any]:
     """One decoded `analysis.ResultRow` as the document lists it (with who vouches for its figures)."""
-    from nightlab.judge import trust, verdict_label
+    from nightlab.judge import trust, verdict_context, verdict_label
 
     d = row.to_dict(lab.config.metric.name)
     d["trust"] = trust(row.experiment, lab.config)
-    # what the table prints, by the judge's one rule for every listing
-    d["verdict_label"] = verdict_label(
-        row.experiment.verdict, incumbent=row.incumbent, earlier_incumbent=row.earlier_incumbent
-    )
+    # what the table prints and the dashboard styles, by the judge's one rule for every listing
+    seen = {"incumbent": row.incumbent, "earlier_incumbent": row.earlier_incumbent}
+    d["verdict_context"] = verdict_context(row.experiment.verdict, **seen)
+    d["verdict_label"] = verdict_label(row.experiment.verdict, **seen)
     return d
