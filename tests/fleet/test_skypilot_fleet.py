@@ -844,3 +844,76 @@ def test_a_pool_can_turn_pipelining_off(make_lab, fake):
     for jobs in _jobs_of(fake).values():
         for before, after in zip(jobs, jobs[1:], strict=False):
             assert after.submitted_at >= before.ended_at
+
+
+ONE_WORKER = """
+[[fleet.pool]]
+backend = "skypilot"
+tier = "h200"
+accelerators = "H200:1"
+workers = 1
+autostop = 600
+"""
+
+
+def test_an_exec_slower_than_one_run_is_hidden_by_a_queue_two_deep(make_lab, tmp_path, monkeypatch, fast):
+    """Issue 14: with one run queued, a 35-50 s `sky exec` and 20 s runs left the GPU idle (0.40)."""
+    exec_s = 1.5  # each `sky exec` takes longer than a run (1 s)
+    fake = FakeSky(tmp_path / "slow", scale=SCALE, exec_seconds=exec_s / SCALE).install(monkeypatch)
+    lab = make_lab(1, timeout=20, extra_pools=ONE_WORKER)
+    ids = [submit(lab, f"run {i}", "h200", SLEEP="1", LR=f"0.0{i + 1}") for i in range(6)]
+    with ControllerThread(lab):
+        exps = finished(lab, ids, timeout=90)
+    assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
+    assert all(len(attempts(lab, i)) == 1 for i in ids)  # exactly once
+    (jobs,) = _jobs_of(fake).values()
+    assert len(jobs) == len(ids)
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        assert after.started_at >= before.ended_at  # never two at once on the cluster
+    # two runs waited behind the running one: the run after next was leased (its exec begun)
+    # before the current one ended
+    leased = {f"nightlab-{i}-a1": attempts(lab, i)[0].started_at for i in ids}
+    assert any(leased[later.name] < now.ended_at for now, later in zip(jobs, jobs[2:], strict=False))
+    # after the first two execs, each next run started as the one before ended, not an exec later
+    gaps = [after.started_at - before.ended_at for before, after in zip(jobs[1:], jobs[2:], strict=False)]
+    assert max(gaps) < exec_s / 2, gaps
+
+
+def test_a_lost_cluster_ends_every_queued_attempt_as_infra_once(sky_lab, tmp_path, monkeypatch, fast):
+    fake = FakeSky(tmp_path / "slow", scale=SCALE, exec_seconds=0.3 / SCALE).install(monkeypatch)
+    lab = sky_lab(timeout=20)
+    ids = [submit(lab, f"run {i}", "h200", SLEEP="2", LR=f"0.0{i + 1}") for i in range(6)]
+    first = ids[0]
+    fake.preempt_job(first, after=1.2)  # by then the two runs behind it are in its queue
+    with ControllerThread(lab):
+        exps = finished(lab, ids, timeout=90)
+    assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
+    (lost,) = events(lab, "cluster-lost")
+    tries = {i: attempts(lab, i) for i in ids}
+    infra = [i for i in ids if [a.failure for a in tries[i]][:-1] == ["infra"]]
+    assert len(infra) == 3, tries  # the running one and both queued behind it
+    for i in ids:
+        assert [a.failure for a in tries[i]] in (["ok"], ["infra", "ok"]), tries[i]
+        assert all(a.worker == lost.worker for a in tries[i][:-1])
+    # one SkyPilot job per attempt that ran to its end (the lost cluster took its own jobs along)
+    names = [j.name for jobs in _jobs_of(fake).values() for j in jobs]
+    assert len(names) == len(set(names)) == len(ids)
+
+
+@pytest.mark.parametrize(("value", "depth"), [("false", 0), ("true", 2), ("1", 1), ("3", 3)])
+def test_the_queue_depth_comes_from_the_pipeline_option(value, depth):
+    from nightlab.config import PoolConfig
+
+    pool = PoolConfig(backend="skypilot", tier="h200", slots=1, options={"pipeline": json.loads(value)})
+    skypilot.skypilot_slots(pool)  # accepted
+    assert sky_core.queue_depth(pool) == depth
+
+
+@pytest.mark.parametrize("value", ['"yes"', "-1", "9", "1.5"])
+def test_a_bad_pipeline_option_is_refused(value):
+    from nightlab.config import PoolConfig
+    from nightlab.errors import UsageError
+
+    pool = PoolConfig(backend="skypilot", tier="h200", slots=1, options={"pipeline": json.loads(value)})
+    with pytest.raises(UsageError, match="pipeline = .*use true, false"):
+        skypilot.skypilot_slots(pool)

@@ -99,9 +99,13 @@ class BaseBackend(abc.ABC):
         """
         return 0.0
 
-    def pipelined(self, slot: WorkerSlot) -> bool:
-        """Whether the slot takes its next run while one runs: queued behind it, never beside it."""
-        return False
+    def queue_depth(self, slot: WorkerSlot) -> int:
+        """How many runs may wait on the slot behind the one that runs (queued, never beside it).
+
+        0: the slot is leased its next run only once it is free. N: it is leased another run
+        while fewer than N of its runs wait to start (and it holds at most N + 1).
+        """
+        return 0
 
     def use_ledger(self, ledger: Any) -> None:
         """Where to record the backend's own events (the controller's ledger, used on its thread only)."""

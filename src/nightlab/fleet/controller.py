@@ -512,16 +512,18 @@ class Controller:
         return any(queued.get(t) for t in {s.tier for s in self.slots})
 
     def _free_slots(self) -> list[WorkerSlot]:
-        """Slots without a run, and pipelined slots whose one run has started (the next queues behind it)."""
+        """Slots without a run, and pipelined slots with room in their queue (`queue_depth`)."""
         runs: dict[str, list[_Active]] = {}
         for active in self.active.values():
             runs.setdefault(active.slot.name, []).append(active)
-        return [
-            s
-            for s in self.slots
-            if not runs.get(s.name)
-            or (len(runs[s.name]) == 1 and runs[s.name][0].started and self._backend(s).pipelined(s))
-        ]
+        free = []
+        for s in self.slots:
+            held = runs.get(s.name, [])
+            depth = self._backend(s).queue_depth(s) if held else 0
+            waiting = sum(not a.started for a in held)
+            if not held or (waiting < depth and len(held) <= depth):
+                free.append(s)
+        return free
 
     def _disk_full_now(self) -> bool:
         free = free_bytes(self.lab_dir / ".nightlab")

@@ -61,6 +61,8 @@ _LOCAL_PATHS = {
     "NIGHTLAB_LAB",
     "NIGHTLAB_DATA_DIR",
 }  # paths on the controller's machine: meaningless remotely
+# a deeper queue commits experiments to a worker earlier for no gain: two hide an exec slower than a run
+MAX_QUEUE_DEPTH = 8
 POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price", "pipeline"}
 
 WORKER_YAML = """\
@@ -202,6 +204,12 @@ def check_pool(pool: PoolConfig) -> None:
         raise UsageError(
             f"unknown key `{unknown[0]}` in the skypilot pool of tier `{pool.tier}`; "
             f"known keys: backend, tier, workers, {', '.join(sorted(POOL_OPTIONS))}"
+        )
+    depth = pool.options.get("pipeline", True)
+    if not isinstance(depth, int) or (not isinstance(depth, bool) and not 0 <= depth <= MAX_QUEUE_DEPTH):
+        raise UsageError(
+            f"`pipeline = {depth!r}` in the skypilot pool of tier `{pool.tier}`: use true, false, "
+            f"or the number of experiments queued behind the running one (0-{MAX_QUEUE_DEPTH})"
         )
 
 

@@ -19,7 +19,7 @@ from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.sky_task import _sky, experiment_task, job_name
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
-from nightlab.fleet.skypilot.core import Shared, field_of, is_gone, lab_hash, log, pipelined, skypilot_slots
+from nightlab.fleet.skypilot.core import Shared, field_of, is_gone, lab_hash, log, queue_depth, skypilot_slots
 from nightlab.fleet.skypilot.jobs import Jobs, Run
 
 if TYPE_CHECKING:
@@ -140,12 +140,12 @@ class SkyPilotBackend(BaseBackend):
             return None if run is None else run.started_at
 
     def start_patience(self, slot: WorkerSlot, spec: RunSpec) -> float:
-        """A run may wait for one run ahead of it in the queue, plus a cluster relaunch."""
-        return spec.timeout + core.START_PATIENCE
+        """A run may wait for the runs ahead of it in the queue, plus a cluster relaunch."""
+        return spec.timeout * max(1, self.queue_depth(slot)) + core.START_PATIENCE
 
-    def pipelined(self, slot: WorkerSlot) -> bool:
+    def queue_depth(self, slot: WorkerSlot) -> int:
         pool = self.pools.get(slot.name)
-        return pool is not None and pipelined(pool)
+        return 0 if pool is None else queue_depth(pool)
 
     def cleanup(self, spec: RunSpec) -> None:
         self.jobs.forget(spec)

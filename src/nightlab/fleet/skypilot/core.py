@@ -46,6 +46,10 @@ START_PATIENCE = 1800.0
 # seconds between losing a cluster and relaunching it (tests/skypilot_real: an scancel'ed
 # allocation's clean-up removed the home of the cluster relaunched under the same name)
 LOST_RELAUNCH_DELAY = 60.0
+# experiments queued behind the running one on a pipelined cluster (`pipeline = true`): with
+# one, an exec slower than one run (35-50 s for 20 s runs on a loaded box, bench/RESULTS.md)
+# still left the GPU idle between runs; with two, each exec has two runs' time to land
+QUEUE_DEPTH = 2
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
@@ -81,13 +85,18 @@ def autostop_minutes(pool: PoolConfig) -> int | None:
     return None if infra.startswith("slurm") else DEFAULT_AUTOSTOP
 
 
-def pipelined(pool: PoolConfig) -> bool:
-    """Whether the pool's workers hold their next experiment in the cluster's job queue (default yes).
+def queue_depth(pool: PoolConfig) -> int:
+    """How many experiments wait in each of the pool's clusters' job queues behind the running one.
 
+    `pipeline = false` -> 0, `true` (the default) -> `QUEUE_DEPTH`, an integer -> itself.
     `sky exec` takes 10-13 s (idle API server) to ~80 s (loaded) before a job runs; queued
-    behind the running job, the next one starts the moment it ends (bench/RESULTS.md).
+    behind the running job, the next one starts the moment it ends. Two deep, a run's exec
+    has two runs' time to land, so an exec slower than one run is hidden too (bench/RESULTS.md).
     """
-    return bool(pool.options.get("pipeline", True))
+    value = pool.options.get("pipeline", True)
+    if isinstance(value, bool):
+        return QUEUE_DEPTH if value else 0
+    return int(value)
 
 
 def skypilot_slots(pool: PoolConfig) -> list[WorkerSlot]:
