@@ -2,9 +2,10 @@
 
 2 SkyPilot workers (`infra = "slurm/localslurm"`, the cluster of tests/skypilot_real/localsky.py),
 N experiments of a synthetic target that sleeps S seconds and reports `training_seconds: S`.
-The clusters are launched once; then the same batch runs twice on them: with the next
-experiment queued on each cluster's job queue while one runs (`pipeline = true`, the default),
-and without (`pipeline = false`: `sky exec` only once the previous run has been recorded).
+The clusters are launched once; then the same batch runs on them once per `--pipeline` value,
+side by side: `true` (the default: two experiments queued on each cluster's job queue behind the
+one that runs), `false` (`sky exec` only once the previous run has been recorded), or a depth.
+Each batch prints one JSON line, with the load average (1 min) before and after it.
 
     efficiency = sum(training seconds) / worker-held seconds
     worker-held = workers x (last experiment's end - first lease) of the batch
@@ -13,13 +14,15 @@ The gap per run is the time a worker held no running experiment between two runs
 from `run_dir/sky.json`, end from the ledger). Goal (issue 14): efficiency >= 0.95 pipelined.
 
 Usage (as root, like the tests; brings up and tears down the local cluster):
-    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60]
+    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--pipeline true false]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "skypilot_real"))
 
-from localsky import SLURM_CLUSTER, LocalSky, worker_yaml  # noqa: E402
+from _cli import nightlab  # noqa: E402  (bench/_cli.py: the script's folder is on sys.path)
+from localsky import LocalSky, add_pool  # noqa: E402
 
 TARGET = '''\
 """Bench target: S seconds of "training", then the summary block."""
@@ -44,66 +48,30 @@ print("val_bpb: 1.0")
 print(f"training_seconds: {SLEEP:.1f}")
 '''
 
-POOL = f"""
-[[fleet.pool]]
-backend = "skypilot"
-tier = "slurm"
-workers = 2
-infra = "slurm/{SLURM_CLUSTER}"
-pipeline = true
-"""
-
-
-def nightlab(lab: Path, env: dict[str, str], *args: str, timeout: float = 300) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "nightlab", *args],
-        cwd=lab,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"nightlab {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout
-
 
 def git(lab: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=lab, check=True, capture_output=True)
 
 
 def batch(
-    lab: Path, env: dict[str, str], *, pipelined: bool, runs: int, seconds: float, seed0: int
-) -> dict[str, float]:
-    """Submit `runs` experiments, run them on the two clusters, and measure the batch."""
+    lab: Path, env: dict[str, str], *, pipeline: str, runs: int, seconds: float, seed0: int
+) -> dict[str, object]:
+    """Submit `runs` experiments, run them on the two clusters with `pipeline = <pipeline>`, measure."""
     from nightlab.ledger import open_ledger
 
     toml = lab / "nightlab.toml"
-    toml.write_text(
-        toml.read_text().replace(
-            f"pipeline = {str(not pipelined).lower()}", f"pipeline = {str(pipelined).lower()}"
-        )
-    )
-    git(lab, "commit", "-qam", f"pipeline = {pipelined}", "--allow-empty")
+    toml.write_text(re.sub(r"(?m)^pipeline = .*$", f"pipeline = {pipeline}", toml.read_text()))
+    git(lab, "commit", "-qam", f"pipeline = {pipeline}", "--allow-empty")
+    load_before = os.getloadavg()[0]
     ids = []
     for i in range(runs):
         out = nightlab(
-            lab,
-            env,
-            "submit",
-            "-m",
-            f"run {i}",
-            "--tier",
-            "slurm",
-            "--set",
-            f"SLEEP={seconds}",
-            "--seed",
-            str(seed0 + i),  # the same snapshot: a new seed per run is a new measurement
-            "--no-start",
-            "--json",
-        )
+            "submit", "-m", f"run {i}", "--tier", "slurm", "--set", f"SLEEP={seconds}",
+            "--seed", str(seed0 + i),  # the same snapshot: a new seed per run is a new measurement
+            "--no-start", "--json", cwd=lab, env=env, timeout=300,
+        )  # fmt: skip
         ids.append(json.loads(out)[0]["id"])
-    nightlab(lab, env, "fleet", "start")
+    nightlab("fleet", "start", cwd=lab, env=env, timeout=300)
     deadline = time.time() + runs * (seconds + 120)
     while time.time() < deadline:
         with open_ledger(lab) as ledger:
@@ -111,7 +79,7 @@ def batch(
         if all(e.status.is_finished() for e in exps):
             break
         time.sleep(2)
-    nightlab(lab, env, "fleet", "stop")
+    nightlab("fleet", "stop", cwd=lab, env=env, timeout=300)
     with open_ledger(lab) as ledger:
         exps = {e.id: e for e in ledger.experiments(with_metrics=True) if e.id in ids}
         tries = [a for i in ids for a in ledger.attempts(i)]
@@ -130,15 +98,18 @@ def batch(
         spans.sort()
         gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
     return {
-        "pipelined": pipelined,
+        "pipeline": pipeline,
         "runs": runs,
+        "seconds": seconds,
         "outcomes": outcomes,
         "attempts": len(tries),
         "training_s": training,
-        "held_s": held,
-        "efficiency": training / held if held else 0.0,
-        "median_gap_s": statistics.median(gaps) if gaps else 0.0,
-        "max_gap_s": max(gaps) if gaps else 0.0,
+        "held_s": round(held, 1),
+        "efficiency": round(training / held, 3) if held else 0.0,
+        "median_gap_s": round(statistics.median(gaps), 1) if gaps else 0.0,
+        "max_gap_s": round(max(gaps), 1) if gaps else 0.0,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
     }
 
 
@@ -146,7 +117,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--only", choices=["pipelined", "plain"], default=None, help="run one batch only")
+    parser.add_argument(
+        "--pipeline", nargs="+", default=["true", "false"],
+        help="the pool's `pipeline` value of each batch, run in this order (true = 2 queued, false = 0)",
+    )  # fmt: skip
     args = parser.parse_args()
     local = LocalSky()
     started = time.time()
@@ -160,27 +134,18 @@ def main() -> None:
             target.mkdir()
             (target / "train.py").write_text(TARGET)
             lab = root / "lab"
-            nightlab(root, env, "init", str(lab), "--target", str(target), "--cpu-slots", "1",
-                     "--timeout", str(int(args.seconds) + 60))  # fmt: skip
-            toml = lab / "nightlab.toml"
-            toml.write_text(toml.read_text().replace("[search]", POOL + "\n[search]"))
-            (lab / "fleet").mkdir(exist_ok=True)
-            (lab / "fleet" / "skypilot.yaml").write_text(worker_yaml(local.base))
+            nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "1",
+                     "--timeout", str(int(args.seconds) + 60), cwd=root, env=env)  # fmt: skip
+            add_pool(lab, local.base, extra=f"pipeline = {args.pipeline[0]}\n")
             git(lab, "add", "-A")
             git(lab, "commit", "-qm", "bench pool")
             t = time.time()
-            nightlab(lab, env, "fleet", "up", "--json", timeout=1800)
+            nightlab("fleet", "up", "--json", cwd=lab, env=env, timeout=1800)
             print(f"fleet up (2 clusters) in {time.time() - t:.0f} s", file=sys.stderr)
-            modes = [True, False] if args.only is None else [args.only == "pipelined"]
             try:
-                for pipelined in modes:
+                for i, pipeline in enumerate(args.pipeline):
                     result = batch(
-                        lab,
-                        env,
-                        pipelined=pipelined,
-                        runs=args.runs,
-                        seconds=args.seconds,
-                        seed0=0 if pipelined else 1000,
+                        lab, env, pipeline=pipeline, runs=args.runs, seconds=args.seconds, seed0=1000 * i
                     )
                     print(json.dumps(result), flush=True)
             finally:

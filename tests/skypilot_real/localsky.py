@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -50,7 +51,20 @@ import time
 import urllib.request
 from pathlib import Path
 
-SKYPILOT = "0.14.1"  # the staging above depends on this release's runtime set-up commands
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pinned_skypilot() -> str:
+    """The release the project's `skypilot` extra pins (pyproject.toml): the staging above
+    depends on that release's runtime set-up commands."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = [m.group(1) for r in extra["skypilot"] if (m := re.fullmatch(r"skypilot\[slurm\]==(\S+)", r))]
+    return pin
+
+
+SKYPILOT = _pinned_skypilot()
 DEBIAN_PACKAGES = ["slurm-wlm", "slurmctld", "slurmd", "munge", "openssh-server", "openssh-client", "rsync"]
 COMMANDS = ["munged", "slurmctld", "slurmd", "sbatch", "scancel", "sinfo", "sshd", "ssh", "rsync"]
 SSH_USER = "nightlab-sky"
@@ -142,9 +156,30 @@ def stop_pid(pid: int, *, group: bool = False, grace: float = 10.0) -> None:
         send(pid, signal.SIGKILL)
 
 
+def missing() -> str | None:
+    """What this machine lacks and `ensure_installed` cannot add, in one line; None when nothing is.
+
+    Root is needed (slurmd, a dedicated SSH user); the Debian packages are installed when
+    missing, as root, with apt-get (`.ci/run` installs them beforehand), and the pinned
+    SkyPilot with pip (`make install` installs it through the `skypilot` extra).
+    """
+    if os.geteuid() != 0:
+        return "root (slurmd runs as root, and the tests add the SSH user `nightlab-sky`)"
+    if _missing_commands() and shutil.which("apt-get") is None:
+        return (
+            f"the commands {_missing_commands()}: install the Debian packages "
+            f"{' '.join(DEBIAN_PACKAGES)} (`.ci/run` does)"
+        )
+    return None
+
+
+def _missing_commands() -> list[str]:
+    return [c for c in COMMANDS if shutil.which(c) is None and not Path(f"/usr/sbin/{c}").exists()]
+
+
 def ensure_installed() -> None:
     """Install the Debian packages and the pinned SkyPilot when missing."""
-    missing = [c for c in COMMANDS if shutil.which(c) is None and not Path(f"/usr/sbin/{c}").exists()]
+    missing = _missing_commands()
     if missing:
         if os.geteuid() != 0:
             raise LocalSkyError(
@@ -256,6 +291,23 @@ def worker_yaml(base: Path) -> str:
         f'  for d in {venv}/lib/python3*/site-packages; do echo {base} > "$d/localsky-base.pth"; done\n'
     )
     return "".join([*lines[: i + 1], stage, *lines[i + 1 :]])
+
+
+POOL = f"""
+[[fleet.pool]]
+backend = "skypilot"
+tier = "slurm"
+workers = 2
+infra = "slurm/{SLURM_CLUSTER}"
+"""
+
+
+def add_pool(lab: Path, base: Path, *, extra: str = "") -> None:
+    """Give a lab `POOL` (2 SkyPilot workers on this cluster, plus `extra` keys) and `worker_yaml`."""
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text().replace("[search]", POOL + extra + "\n[search]"))
+    (lab / "fleet").mkdir(exist_ok=True)
+    (lab / "fleet" / "skypilot.yaml").write_text(worker_yaml(base))
 
 
 def _pip_config(house: Path) -> str:

@@ -19,17 +19,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from localsky import SLURM_CLUSTER, worker_yaml
+from localsky import add_pool
 
 from labkit import GIT_ENV, SYNTHETIC_TRAIN, commit, nightlab, wait_until
 
-POOL = f"""
-[[fleet.pool]]
-backend = "skypilot"
-tier = "slurm"
-workers = 2
-infra = "slurm/{SLURM_CLUSTER}"
-"""
 TIMEOUT = 45  # the lab's hard limit (s); counts from the job's start, so `sky exec` latency is not in it
 WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]
 
@@ -65,10 +58,10 @@ def lab(tmp_path_factory, env, local_sky):
     )
     toml = lab / "nightlab.toml"
     text = toml.read_text().replace("idle_shutdown = 900", "idle_shutdown = 600")
-    toml.write_text(text.replace("[search]", POOL + "\n[search]"))
-    # the default worker YAML, plus the fixture's one staging line (nightlab's dependencies)
-    (lab / "fleet").mkdir(exist_ok=True)
-    (lab / "fleet" / "skypilot.yaml").write_text(worker_yaml(local_sky.base))
+    toml.write_text(text)
+    # 2 workers on the local Slurm cluster; the default worker YAML plus the fixture's one staging
+    # line (nightlab's dependencies)
+    add_pool(lab, local_sky.base)
     commit(lab, "a slurm pool")
     yield lab
     nightlab("fleet", "stop", cwd=lab, check=False, env=env)
