@@ -796,9 +796,16 @@ def test_a_builtin_run_on_a_cluster_is_scored_by_the_harness_there(tmp_path, mon
 
 
 def _jobs_of(fake: FakeSky) -> dict[str, list]:
-    """The experiment jobs per cluster (set-up jobs left out), in submission order."""
+    """The experiment jobs per cluster (set-up jobs left out), in the order they started.
+
+    Not always the order they were queued in: two queued jobs wait on the same lock, as on a
+    real cluster (the run script's flock), and either may take it first.
+    """
     return {
-        name: sorted((j for j in c.jobs.values() if j.name.startswith("nightlab-e")), key=lambda j: j.id)
+        name: sorted(
+            (j for j in c.jobs.values() if j.name.startswith("nightlab-e")),
+            key=lambda j: (j.started_at is None, j.started_at or 0.0, j.id),
+        )
         for name, c in fake.clusters.items()
     }
 
