@@ -423,9 +423,9 @@ class Sim:
         """The metric values of a configuration's runs that have ended by now."""
         return [r.value for r in self.by_key.get(key, []) if r.value is not None and r.end <= self.now]
 
-    def sigma(self) -> float | None:
-        """The noise floor: the pooled sd of the repeated configurations' ended runs."""
-        return pooled_sd([self.values(k) for k in self.by_key])[0]
+    def noise_floor(self) -> tuple[float | None, int]:
+        """The noise floor: the pooled sd of the repeated configurations' ended runs, and its dof."""
+        return pooled_sd([self.values(k) for k in self.by_key])
 
     # --- the callables of run_loop
 
@@ -469,7 +469,8 @@ class Sim:
         incumbent = self.values(head)
         if not incumbent:
             return None
-        picked = best_of_wave(cands, incumbent, noise_sigma=self.sigma(), z=self.z)
+        sigma, dof = self.noise_floor()
+        picked = best_of_wave(cands, incumbent, noise_sigma=sigma, noise_dof=dof, z=self.z)
         return picked
 
     def decide(self, wave_id: str, observations: list[Observation]):
@@ -715,6 +716,9 @@ def main() -> None:
     print(f"{'greedy x1':<12}{'1.0x':>18}{'':>22}{'':>10}{wrong['greedy']:>13}")
     for s in strategies:
         per = {n: statistics.median(v) for n, v in table[s].items()}
+        if not per:  # no member had a race to time (greedy never beat the start)
+            print(f"{s:<12}{'-':>18}{'':>22}{'0/0':>10}{wrong[s]:>13}")
+            continue
         worst = min(per, key=per.get)
         reached = sum(x > 0 for v in table[s].values() for x in v)
         total = sum(len(v) for v in table[s].values())

@@ -88,7 +88,8 @@ class Standin:
         }
         for key, group in by_config.items():
             self.repeats.setdefault(key, []).extend(o.value for o in group if o.value is not None)
-        picked = best_of_wave(candidates, self.figure, noise_sigma=pooled_sd(self.repeats.values())[0])
+        sigma, dof = pooled_sd(self.repeats.values())
+        picked = best_of_wave(candidates, self.figure, noise_sigma=sigma, noise_dof=dof)
         if picked is None:
             return None, None
         winner = next(o for o in runs if o.id == picked[0])

@@ -28,6 +28,11 @@ Outcome -> verdict (`Judge.verdict`):
                                             same tier: keep / within-noise / discard; none while
                                             the incumbent has no figure there
 
+Noise: the floor is the tier's pooled sd with its degrees of freedom (`Judge.floor`), and the
+threshold is the Student-t quantile for them (`search.decide.critical`): a floor of three repeats
+is itself noisy, and treated as exact it made wrong keeps (bench/RESULTS.md, issue 17). A
+snapshot whose own runs scatter more than the floor allows is judged on its own spread.
+
 z: a candidate of a wave of m candidates is one of m comparisons against one incumbent, so its z
 is raised by the Sidak correction (`search.decide.adjusted_z`; at z = 2 the best of 8 null
 candidates is kept in 13 % of waves uncorrected, 2.3 % for one comparison). The wave that counts
@@ -159,7 +164,12 @@ class Judge:
 
     def sigma(self, tier: str) -> float | None:
         """The tier's noise floor in the comparison epoch in force."""
-        return noise_sigma(self.ledger, self.metric, tier, epoch=identity.epoch_key(self.config))[0]
+        return self.floor(tier)[0]
+
+    def floor(self, tier: str) -> tuple[float | None, int]:
+        """The tier's noise floor in the comparison epoch in force and its degrees of freedom: every
+        verdict uses both (`search.decide.verdict` takes a t quantile for that many)."""
+        return noise_sigma(self.ledger, self.metric, tier, epoch=identity.epoch_key(self.config))
 
     def context(self, tier: str, inc: Incumbent | None = None) -> dict[str, Any]:
         """What a verdict given now is judged against: the incumbent (commit, identity) and its figure."""
@@ -201,10 +211,12 @@ class Judge:
             candidate.append(extra)
         if not incumbent or not candidate:
             return None
+        sigma, dof = self.floor(tier)
         return verdict(
             candidate,
             incumbent,
-            noise_sigma=self.sigma(tier),
+            noise_sigma=sigma,
+            noise_dof=dof,
             z=self.z_for(tree, tier, inc.tree),
             lower_is_better=self.lower_is_better,
         )
@@ -266,10 +278,12 @@ class Judge:
         incumbent = self.values(inc.tree, tier)
         if not incumbent:
             return None
+        sigma, dof = self.floor(tier)
         return best_of_wave(
             {rep: self.values(tree, tier) for rep, tree in candidates.items()},
             incumbent,
-            noise_sigma=self.sigma(tier),
+            noise_sigma=sigma,
+            noise_dof=dof,
             z=self.config.search.z,
             lower_is_better=self.lower_is_better,
         )

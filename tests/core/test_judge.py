@@ -67,9 +67,10 @@ def _measure_incumbent(lab: Lab, ctrl: Controller, values: list[float]) -> None:
 
 
 def test_the_settle_hint_of_results_settles_the_stored_verdict(lab):
-    """A wave of 4 candidates is judged at the Sidak z (2.53, not 2): the hint must ask for the
-    repeats that clear that z. With the uncorrected z it asked for 1 repeat, after which the stored
-    verdict was still within-noise (z 2.45 < 2.53)."""
+    """A wave of 4 candidates is judged at the Sidak z (2.53, not 2; with the floor's 2 dof the
+    t threshold is 9.26): the hint must ask for the repeats that clear that threshold, counting
+    the dof they add. With the uncorrected z it asked for 1 repeat, after which the stored verdict
+    was still within-noise (z 2.45 < 2.53)."""
     ctrl = _controller(lab)
     _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])  # mean 1.00, noise floor 0.01
     wave = waves.submit_wave(
@@ -99,7 +100,8 @@ def test_the_settle_hint_of_results_settles_the_stored_verdict(lab):
         wave=best.wave,
         start_controller=False,
     )
-    _run(lab, ctrl, {e.id: 0.98 for e in more})
+    # they scatter as the floor does (sd 0.01), so the gain holds at the mean the hint assumed
+    _run(lab, ctrl, {e.id: 0.98 + 0.01 * (-1, 1, 0)[i % 3] for i, e in enumerate(more)})
     assert {lab.ledger.get(e.id).verdict for e in [best, *more]} == {Verdict.KEEP}
 
 
@@ -222,7 +224,8 @@ def test_promote_wave_and_the_search_loop_promote_the_same_candidates(lab, monke
     more = waves.submit_incumbent(lab, "cpu", wave.wave.id, 2)
     _run(lab, ctrl, dict(zip([e.id for e in more], [1.02, 1.03], strict=True)))
     assert lab.ledger.get(d.id).verdict == Verdict.DISCARD
-    assert lab.ledger.get(a.id).verdict == Verdict.KEEP  # re-judged when the incumbent's runs ended
+    # re-judged when the incumbent's runs ended: a gain, on one run (a keep needs two)
+    assert lab.ledger.get(a.id).verdict == Verdict.WITHIN_NOISE
 
     picked: dict[str, list[str]] = {}
 
@@ -304,9 +307,9 @@ def test_results_tsv_writes_keep_only_for_what_was_adopted(lab):
 
     ctrl = _controller(lab)
     _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])
-    [better] = _candidate(lab, "0.02")
-    [also] = _candidate(lab, "0.021")
-    _run(lab, ctrl, {better.id: 0.90, also.id: 0.91})
+    better, better2 = _candidate(lab, "0.02", n=2)  # a keep needs two runs
+    also, also2 = _candidate(lab, "0.021", n=2)
+    _run(lab, ctrl, {better.id: 0.90, better2.id: 0.901, also.id: 0.91, also2.id: 0.911})
     assert {lab.ledger.get(i).verdict for i in (better.id, also.id)} == {Verdict.KEEP}
     lab.adopt(better.id)
     status = {
@@ -339,8 +342,8 @@ def test_results_json_and_table_label_verdicts_by_one_rule(lab):
     assert verdict_label(None, incumbent=False, earlier_incumbent=False) == "-"
     ctrl = _controller(lab)
     _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])
-    [better] = _candidate(lab, "0.02")
-    _run(lab, ctrl, {better.id: 0.9})
+    better, again = _candidate(lab, "0.02", n=2)  # a keep needs two runs
+    _run(lab, ctrl, {better.id: 0.9, again.id: 0.901})
     lab.adopt(better.id)
     rows = {e["id"]: e for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]}
     assert rows[better.id]["verdict_label"] == "keep"
@@ -371,3 +374,28 @@ def test_the_dashboard_styles_verdicts_by_the_judges_context_not_a_rule_of_its_o
     text = "".join(p.read_text() for p in templates.glob("*.html"))
     assert "r.verdict_context ==" in text
     assert "r.incumbent" not in text and "r.earlier_incumbent" not in text
+
+
+# --- the noise rule: the floor's degrees of freedom count (issue 17) ----------------------------
+
+
+def test_every_verdict_uses_the_floor_with_its_degrees_of_freedom(lab):
+    """The floor pooled from 3 repeats of the incumbent and 2 of a candidate has 3 dof: the stored
+    verdict, the decision behind the settle hint and the best of a wave all use the t quantile
+    for them (3.31 at z = 2, not 2). A gain of 2.7 se was a keep under the old rule (z as if the
+    floor were exact) and is within-noise now."""
+    from nightlab.search.decide import critical
+
+    ctrl = _controller(lab)
+    _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])
+    [a, b] = _candidate(lab, "0.02", n=2)
+    _run(lab, ctrl, {a.id: 0.982, b.id: 0.9821})
+    judge = lab.judge()
+    sigma, dof = judge.floor("cpu")
+    assert dof == 3 and judge.sigma("cpu") == sigma
+    decision = judge.decision(a.tree, "cpu")
+    assert decision.dof == 3 and decision.threshold == pytest.approx(critical(2.0, 3))
+    assert 2.0 < decision.z_score < decision.threshold
+    assert lab.ledger.get(a.id).verdict == lab.ledger.get(b.id).verdict == Verdict.WITHIN_NOISE
+    picked = judge.best_of_wave({a.id: a.tree}, "cpu")
+    assert picked[0] == a.id and picked[1] == decision

@@ -285,11 +285,15 @@ class FakeLab:
         return [Observation(i, k, self.measure(k)) for i, k in self.waves[wave_id]]
 
     def decide(self, wave_id: str, observations: list[Observation]) -> tuple[Observation | None, str | None]:
-        picked = best_of_wave(
-            {o.id: [o.value] for o in observations if o.value is not None},
-            self.incumbent_values,
-            noise_sigma=self.sigma,
-        )
+        values = {o.id: [o.value] for o in observations if o.value is not None}
+        picked = best_of_wave(values, self.incumbent_values, noise_sigma=self.sigma)
+        settle = picked[1].repeats_to_settle if picked is not None else None
+        if settle is not None and settle.candidate + settle.incumbent <= 4:
+            # the loop's settle round: a keep needs the winner's own repeats
+            knobs = next(o.knobs for o in observations if o.id == picked[0])
+            values[picked[0]] += [self.measure(knobs) for _ in range(settle.candidate)]
+            self.incumbent_values += [self.measure(self.incumbent) for _ in range(settle.incumbent)]
+            picked = best_of_wave(values, self.incumbent_values, noise_sigma=self.sigma)
         if picked is None:
             return None, None
         winner_id, decision = picked
