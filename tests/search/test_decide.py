@@ -105,9 +105,7 @@ def test_no_noise_estimate_is_conservative() -> None:
 def test_cross_tier_comparison_refused() -> None:
     with pytest.raises(UsageError, match="`h100` with tier `h200`"):
         verdict([0.99], INCUMBENT, noise_sigma=SIGMA, candidate_tier="h100", incumbent_tier="h200")
-    same = verdict(
-        [0.99, 0.99], INCUMBENT, noise_sigma=SIGMA, candidate_tier="h100", incumbent_tier="h100"
-    )
+    same = verdict([0.99, 0.99], INCUMBENT, noise_sigma=SIGMA, candidate_tier="h100", incumbent_tier="h100")
     assert same.verdict == "keep"
 
 
@@ -239,9 +237,7 @@ def test_traced_h14_floor_of_three_repeats_no_longer_keeps_a_lucky_run() -> None
     assert best == "e0" and d.z_score == pytest.approx(3.9)
     assert d.z_score > adjusted_z(2.0, 13)  # what the old rule compared it with: a keep
     assert d.verdict == "within-noise" and d.dof == 2 and d.threshold > 15
-    _, twice = best_of_wave(
-        {"e0": [lucky, lucky + 0.01], **others}, start, noise_sigma=sigma, noise_dof=dof
-    )
+    _, twice = best_of_wave({"e0": [lucky, lucky + 0.01], **others}, start, noise_sigma=sigma, noise_dof=dof)
     assert twice.verdict == "within-noise"
 
 

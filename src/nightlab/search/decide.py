@@ -352,9 +352,7 @@ def verdict(
         missing = Repeats(max(0, MIN_RUNS_TO_KEEP - cand.n), max(0, MIN_RUNS_TO_KEEP - inc.n))
         reason += f", but a keep needs {MIN_RUNS_TO_KEEP} runs on each side to check their spread"
         return Decision(WITHIN_NOISE, delta, se, z_score, missing, reason, threshold, dof_out)
-    repeats = repeats_needed(
-        delta, sigma_c=sigma_c, sigma_i=sigma_i, n_c=cand.n, n_i=inc.n, z=z, dof=dof_out
-    )
+    repeats = repeats_needed(delta, sigma_c=sigma_c, sigma_i=sigma_i, n_c=cand.n, n_i=inc.n, z=z, dof=dof_out)
     reason = f"gain is {z_score:.1f} standard errors (<= {threshold:.2f}{on})"
     return Decision(WITHIN_NOISE, delta, se, z_score, repeats, reason, threshold, dof_out)
 
