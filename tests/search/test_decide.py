@@ -283,3 +283,14 @@ def test_the_t_rule_holds_the_false_keep_rate_with_a_floor_of_few_repeats() -> N
     single = 1 - NormalDist().cdf(2.0)
     assert exact / waves > 2 * single
     assert t_rule / waves < 1.5 * single
+
+
+def test_best_of_wave_adopts_the_best_kept_candidate_not_a_lucky_single_run() -> None:
+    """After a settle round the repeated candidate is kept (two runs) while a rival with one lucky
+    run has the better mean; the wave's pick is the kept one (each is tested at the wave's Sidak z,
+    so any keep is sound), not the rival, whose one run cannot be kept."""
+    settled, rival = [0.990, 0.9905], [0.9895]
+    best, d = best_of_wave({"e1": settled, "e2": rival}, INCUMBENT, noise_sigma=SIGMA)
+    assert (best, d.verdict) == ("e1", "keep")
+    best, d = best_of_wave({"e2": rival}, INCUMBENT, noise_sigma=SIGMA)
+    assert (best, d.verdict) == ("e2", "within-noise") and d.repeats_to_settle == Repeats(1, 0)

@@ -1,8 +1,8 @@
 """Verdicts against the noise floor with a synthetic target of known noise, and `nightlab noise`.
 
-The incumbent (LR 0.01) runs seeds 0-2 for the noise floor (sigma 0.0047); single runs at seed 0:
-LR 0.02 gains 0.91 (keep), LR 0.01001 gains 0.0076 < 2 se = 0.0108 (within-noise),
-LR 0.0098 loses (discard).
+The incumbent (LR 0.01) runs seeds 0-2 for the noise floor (sigma 0.0047, 2 dof): LR 0.02 gains
+0.91 (keep: on two runs, as a keep needs), LR 0.01001 (one run) gains 0.0076, 1.4 se, under the
+t threshold 4.53 for 2 dof (within-noise), LR 0.0098 loses (discard).
 """
 
 from __future__ import annotations
@@ -13,9 +13,20 @@ from labkit import nightlab, wait_json
 from nightlab.lab import Lab
 
 
-def submit(lab, lr: str) -> str:
-    out = nightlab("submit", "-m", f"lr {lr}", "--set", f"LR={lr}", "--json", cwd=lab).stdout
-    return json.loads(out)[0]["id"]
+def submit(lab, lr: str, repeats: int = 1) -> list[str]:
+    """The ids of `repeats` runs of LR=lr (a keep needs two: `decide.MIN_RUNS_TO_KEEP`)."""
+    out = nightlab(
+        "submit", "-m", f"lr {lr}", "--set", f"LR={lr}", "--repeats", str(repeats), "--json", cwd=lab
+    ).stdout
+    return [e["id"] for e in json.loads(out)]
+
+
+def submit_and_wait(lab, runs: dict[str, int]) -> tuple[dict[str, str], dict[str, str]]:
+    """Submit `repeats` runs per LR, wait for all; (LR -> its first run's id, id -> verdict)."""
+    submitted = {lr: submit(lab, lr, n) for lr, n in runs.items()}
+    every = [i for ids in submitted.values() for i in ids]
+    done = {d["id"]: d["verdict"] for d in wait_json(lab, *every)}
+    return {lr: ids[0] for lr, ids in submitted.items()}, done
 
 
 def test_real_gain_is_kept_and_gain_inside_the_noise_is_not(quick_lab):
@@ -25,19 +36,19 @@ def test_real_gain_is_kept_and_gain_inside_the_noise_is_not(quick_lab):
     assert abs(sigma - 0.004672) < 1e-5 and noise["tiers"]["cpu"]["dof"] == 2
     [snap] = noise["snapshots"]
     assert snap["n"] == 3 and abs(snap["mean"] - 1.918180) < 1e-5
-    ids = {lr: submit(lab, lr) for lr in ("0.02", "0.01001", "0.0098")}
-    done = {d["id"]: d["verdict"] for d in wait_json(lab, *ids.values())}
+    ids, done = submit_and_wait(lab, {"0.02": 2, "0.01001": 1, "0.0098": 1})
     assert done[ids["0.02"]] == "keep"
     assert done[ids["0.01001"]] == "within-noise"
     assert done[ids["0.0098"]] == "discard"
-    # results points at repeats of the within-noise candidate; 3 more runs of it would settle it
+    # results points at repeats of the within-noise candidate; 6 more runs of it would settle it
+    # (each adds a degree of freedom to the floor, so the t threshold falls as they come in)
     res = nightlab("results", cwd=lab)
     hint = next(line for line in res.stderr.splitlines() if ids["0.01001"] in line)
     assert "within noise" in hint and f"--from {ids['0.01001']} --repeats" in hint
     with Lab.open(lab) as opened:
         exp = opened.ledger.get(ids["0.01001"])
         decision = opened.judge().decision(exp.tree, "cpu")
-    assert (decision.repeats_to_settle.candidate, decision.repeats_to_settle.incumbent) == (3, 0)
+    assert (decision.repeats_to_settle.candidate, decision.repeats_to_settle.incumbent) == (6, 0)
 
 
 def test_noise_needs_two_repeats_and_a_known_tier(quick_lab):
@@ -55,9 +66,9 @@ def test_a_candidate_judged_before_the_incumbent_gets_its_verdict_when_the_incum
     from nightlab.ledger import open_ledger
 
     lab = quick_lab(slots=1)
-    early = submit(lab, "0.02")
-    [done] = wait_json(lab, early)
-    assert done["verdict"] is None  # the incumbent has no run on the tier yet
+    early, again = submit(lab, "0.02", 2)
+    done = wait_json(lab, early, again)
+    assert [d["verdict"] for d in done] == [None, None]  # the incumbent has no run on the tier yet
     nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
     with open_ledger(lab) as ledger:
         assert ledger.get(early).verdict == "keep"
@@ -67,8 +78,7 @@ def test_verdicts_say_what_they_were_judged_against_after_an_adoption(quick_lab)
     """Issue 21: "-0.041 discard" after an adoption is shown against which incumbent it was judged."""
     lab = quick_lab(slots=2)
     nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
-    ids = {lr: submit(lab, lr) for lr in ("0.02", "0.015", "0.01001")}
-    done = {d["id"]: d["verdict"] for d in wait_json(lab, *ids.values())}
+    ids, done = submit_and_wait(lab, {"0.02": 2, "0.015": 2, "0.01001": 1})
     assert done[ids["0.02"]] == "keep" and done[ids["0.015"]] == "keep"
     assert done[ids["0.01001"]] == "within-noise"
     res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
