@@ -34,7 +34,7 @@ from nightlab.cli._common import emit_json, json_option, say
 @json_option
 def command(directory, slots, spaces, budget, force, as_json) -> None:
     """Run the offline demo: a lab of the built-in GPT target on the cpu profile that starts
-    from the batch regime of a bigger machine, the baseline twice, one wave of smaller batches,
+    from the batch regime of a bigger machine, the baseline three times, one wave of smaller batches,
     a noise-aware verdict, the adoption of a real winner, the report and the story.
 
     \b
