@@ -3,7 +3,8 @@
 Like a real agent it reads its prompt on stdin, works in the lab with the `nightlab` CLI and
 prints as it goes; the mode (argv[1]) picks its behaviour:
 
-    work          edit train.py, submit, restore, wait --any, read results, adopt a keep, exit 0
+    work          edit train.py, submit, restore, wait --any, read results, repeat a within-noise
+                  one once, adopt a keep, exit 0
     hang          print one line, then hang without output (a stalled agent)
     chatty        print a line every 0.1 s forever (busy, never stalls)
     context       print Claude Code's result event for a full context window, exit 1
@@ -59,6 +60,11 @@ if mode == "work":
     nightlab("wait", eid, "--timeout", "60")
     rows = json.loads(nightlab("results", "--json").stdout)["experiments"]
     mine = next(r for r in rows if r["id"] == eid)
+    if mine["verdict"] == "within-noise":  # one run is never kept: the repeat a keep needs
+        again = nightlab("submit", "--from", eid, "--repeats", "1", "-m", f"repeat {eid}").stdout.split()[0]
+        nightlab("wait", again, "--timeout", "60")
+        rows = json.loads(nightlab("results", "--json").stdout)["experiments"]
+        mine = next(r for r in rows if r["id"] == eid)
     if mine["verdict"] == "keep":
         nightlab("adopt", eid)
     (out / f"result-{session}.json").write_text(json.dumps(mine))

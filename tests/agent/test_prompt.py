@@ -13,7 +13,8 @@ from nightlab.ledger import _base as ledger_base
 def test_the_prompt_carries_the_labs_state(make_lab, monkeypatch):
     lab = make_lab(slots=2)
     nightlab("submit", "-m", "baseline", "--repeats", "2", cwd=lab)
-    nightlab("submit", "-m", "lr 0.02", "--set", "LR=0.02", cwd=lab)
+    # two runs: a keep needs each side's own spread (search/decide.py MIN_RUNS_TO_KEEP)
+    nightlab("submit", "-m", "lr 0.02", "--set", "LR=0.02", "--repeats", "2", cwd=lab)
     nightlab("submit", "-m", "blow up", "--set", "MODE='oom'", cwd=lab)
     wait_json(lab, "--all")
     nightlab("fleet", "stop", cwd=lab)
@@ -40,16 +41,16 @@ def test_the_prompt_carries_the_labs_state(make_lab, monkeypatch):
     assert order == sorted(order)
     assert "# nightlab: how to do research in this lab" in text  # program.md, in full
     assert "- fleet: tier `cpu` 2 slots (default tier `cpu`)" in text
-    assert "  - cpu: 1.906191 ± 0.000000 (n=2); noise floor σ 0.000000 (1 dof)" in text
+    assert "  - cpu: 1.906191 ± 0.000000 (n=2); noise floor σ 0.000000 (2 dof)" in text
     assert "- this run's budget: 2.5 h left, 7 more experiments" in text
-    assert "- e0005 queued on cpu: lr 0.03 queued" in text
+    assert "- e0006 queued on cpu: lr 0.03 queued" in text
     assert "- e0003 cpu 1.000000 (-0.906191 vs incumbent) keep: lr 0.02" in text
-    assert "## Kept but not adopted" in text and "- e0003 cpu: lr 0.02" in text
-    assert "- e0004 crash:oom: MemoryError: cannot allocate 1 TiB | blow up" in text
+    assert "## Kept but not adopted" in text and "- e0004 cpu: lr 0.02" in text
+    assert "- e0005 crash:oom: MemoryError: cannot allocate 1 TiB | blow up" in text
     assert "uncommitted edits in train.py" in text
     assert "files outside the editable set were changed: prepare.py" in text
     assert "## LR: 2 ideas" in text  # the journal, with the queued idea pending
-    assert "- e0005 pending" in text
+    assert "- e0006 pending" in text
 
 
 def test_a_first_session_on_a_new_lab(make_lab):

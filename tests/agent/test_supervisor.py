@@ -43,10 +43,11 @@ def test_restarts_on_exit_with_the_labs_state_and_stops_at_max_experiments(make_
     lab = make_lab(slots=2)
     nightlab("submit", "-m", "baseline", "--repeats", "2", cwd=lab)
     wait_json(lab, "--all")
-    reason, state = supervise(lab, "work", max_experiments=2, stall_seconds=30)
+    # session 1's idea is kept only after the one repeat a keep needs; session 2's is a discard
+    reason, state = supervise(lab, "work", max_experiments=3, stall_seconds=30)
     assert reason == "max-experiments"
     assert state["status"] == "stopped" and state["stop_reason"] == "max-experiments"
-    assert state["experiments_submitted"] == 2
+    assert state["experiments_submitted"] == 3
     # session 1 exits by itself and is restarted; after session 2 (stopped at the limit, or
     # exited before the supervisor looked) no third one starts
     assert len(state["sessions"]) == 2 and state["sessions"][0]["end"] == "exit 0"
@@ -63,7 +64,7 @@ def test_restarts_on_exit_with_the_labs_state_and_stops_at_max_experiments(make_
     # the restart prompt knows what session 1 did: the adopted idea is the incumbent and in the journal
     assert "The previous session ended (exit 0)" in second
     assert "- incumbent: " in second and '"adopt e0003: lr 0.02"' in second
-    assert "- e0003 keep [adopted]: cpu 1.000000" in second and "LR 0.01->0.02" in second
+    assert "- e0003+1 keep [adopted]: cpu 1.000000" in second and "LR 0.01->0.02" in second
     assert "3 more experiments" not in second and "1 more experiments" in second
     assert "stand-in session 1 mode work" in (agent_dir / "transcript-1.log").read_text()
     assert "$ nightlab adopt e0003 -> 0" in (agent_dir / "transcript-1.log").read_text()
