@@ -32,7 +32,7 @@ def test_the_prompt_carries_the_labs_state(make_lab, monkeypatch):
         )
     # the journal reads every experiment once; the state section ranks from keys and decodes
     # only the crashes it lists (at 20,000 experiments a second full read cost ~1 s)
-    assert decoded.count("e0005") == 1
+    assert decoded.count("e0006") == 1
 
     assert text.startswith("# nightlab research session 4 (")
     assert "The previous session ended (stall)" in text
