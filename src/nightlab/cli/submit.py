@@ -72,7 +72,7 @@ def command(lab, description, sets, tier, seed, repeats, from_id, priority, forc
         repeats=repeats,
         # `--from ID` repeats a measurement: even one run needs a seed not used yet (the settle
         # hint of a one-run gain is `--from ID --repeats 1`)
-        fresh_seeds=from_id is not None and seed is None,
+        fresh_seeds=bool(from_id) and seed is None,
         priority=priority,
         force=force,
         start_controller=not no_start,
