@@ -388,3 +388,35 @@ def test_a_reattached_run_on_a_worker_without_a_sandbox_is_marked_down(tmp_path)
     claim = base64.b64encode(json.dumps({"status": "ok", "val_bpb": 1.2, "sandbox": "bwrap"}).encode())
     Jobs(shared, clusters=None)._finish(run, "SUCCEEDED", {"score": claim.decode(), "exit": "0"})
     assert json.loads((spec.run_dir / "score.json").read_text())["sandbox"] == "none"
+
+
+def test_only_the_command_holds_the_run_lock(tmp_path):
+    """A queued run unpacks before the lock, and the lock is free while a run reports its code hash."""
+    import fcntl
+    import time
+
+    lab, commit = _git_lab(tmp_path, {"train.py": b"print('hi')\n"})
+    home = tmp_path / "cluster"
+    (home / "bin").mkdir(parents=True)
+    # the worker's python: its code hash says whether the run lock is free at that moment
+    (home / "bin" / "python").write_text(
+        '#!/bin/bash\nif [ "$*" = "-m nightlab.fleet.build hash" ]; then\n'
+        '  flock -n "$HOME/.nightlab-run.lock" true && echo lock-free || echo lock-held; exit 0\nfi\n'
+        'exec python3 "$@"\n'
+    )
+    (home / "bin" / "python").chmod(0o755)
+    task = sky_task.experiment_task(_spec(lab, commit, "python3 train.py"), H100, lab_dir=lab)
+    env = {"PATH": f"{home / 'bin'}:{os.environ['PATH']}", "HOME": str(home), **task.envs}
+    with open(home / ".nightlab-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the run before it holds the cluster
+        proc = subprocess.Popen(["bash", "-c", task.run], env=env, stdout=subprocess.PIPE, text=True)
+        unpacked = home / "nightlab" / "runs" / "e0007-a2" / "train.py"
+        deadline = time.time() + 30
+        while not unpacked.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert unpacked.exists() and proc.poll() is None  # ready, waiting for the lock
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        out, _ = proc.communicate(timeout=60)
+    text, tags = sky_task.clean_job_log(out)
+    assert proc.returncode == 0 and "hi\n" in text
+    assert tags["code"] == "lock-free"  # reported after the command let the lock go

@@ -21,10 +21,10 @@ means the system python3; every other call goes to the real curl. Its pip gets t
 machine's pip configuration (`PIP_CONFIG_FILE`) and TLS bundle (`SSL_CERT_FILE`, which uv
 needs behind an intercepting proxy) through sshd's `SetEnv`.
 
-The SSH user's pip installs from a local wheelhouse only (`wheelhouse()`: every dependency
-of nightlab, downloaded once per requirement set and cached across runs), so two clusters
-setting up at once do not each fetch ~60 packages from the index; what set-up installs as
-nightlab is still the controller's shipped wheel.
+The clusters' venvs import nightlab's dependencies from this environment's site-packages,
+hard-linked into the run directory (`base_env`), and the SSH user's pip has no index: two
+clusters setting up at once do not each fetch ~60 packages; what set-up installs as nightlab
+is still the controller's shipped wheel.
 
 Measured on the shared 2-core machine (2026-12-01, load average 12-18 from other test
 runs): `up()` 96-103 s, most of it `sky check slurm`; the wheelhouse 61 s once.
@@ -46,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -212,70 +213,27 @@ def _uv_binary() -> Path:
     return uv
 
 
-def wheelhouse() -> Path:
-    """Every dependency of nightlab as wheels in one local directory, cached across runs.
+def base_env(into: Path) -> Path:
+    """nightlab's dependencies (torch, scipy, ...) for the clusters: this environment's, hard-linked.
 
-    Two clusters setting up at once would otherwise each fetch ~60 packages (scipy, pyarrow,
-    torch, ...) from the index: minutes on a loaded 2-core machine. Keyed by nightlab's
-    requirements; the nightlab wheel itself is left out, so set-up installs the shipped one.
+    A worker's set-up spent ~10 minutes pip-installing them into each cluster's fresh venv on
+    the loaded 2-core box; `worker_yaml` points each venv at this directory with a `.pth` file
+    instead, so set-up installs only the shipped nightlab wheel (seconds). The directory is
+    this interpreter's site-packages (the very versions the controller runs) linked file by
+    file into the run directory (copied where that is another file system), minus nightlab
+    itself. Before, a wheelhouse downloaded and pip-installed once per requirement set cost a
+    cold run ~95 s (2 GB cached across runs); the links take seconds.
     """
-    import hashlib
-    from importlib import metadata
-
-    requires = "\n".join(sorted(metadata.requires("nightlab") or []))
-    house = RUNS / f"wheelhouse-{hashlib.sha256(requires.encode()).hexdigest()[:12]}"
-    if house.exists():
-        return house
-    from nightlab.fleet.build import build_wheel
-
-    tmp = RUNS / f"wheelhouse.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    wheel = build_wheel(tmp / "self").path
-    _run(
-        [sys.executable, "-m", "pip", "download", "-q", "-d", str(tmp / "house"), str(wheel), "pip"],
-        timeout=1200,
-    )
-    for own in (tmp / "house").glob("nightlab-*"):
-        own.unlink()
-    with contextlib.suppress(OSError):
-        (tmp / "house").rename(house)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.chmod(house, 0o755)
-    for f in house.iterdir():
-        f.chmod(0o644)
-    return house
-
-
-def base_env(house: Path) -> Path:
-    """nightlab's dependencies (torch, scipy, ...) installed once from the wheelhouse, cached across runs.
-
-    A worker's set-up spent ~10 minutes pip-installing them into each cluster's fresh venv
-    on the loaded 2-core box; `worker_yaml` points each venv at this directory with a `.pth`
-    file instead, so set-up installs only the shipped nightlab wheel (seconds). A plain
-    `pip install --target` directory, not a venv: only its import path is used.
-    """
-    base = house.with_name(house.name.replace("wheelhouse-", "base-"))
-    if (base / ".complete").exists():
-        return base
-    from nightlab.fleet.build import build_wheel
-
-    tmp = RUNS / f"base.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    wheel = build_wheel(tmp / "self").path
-    _run(
-        [
-            sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(house),
-            "--target", str(tmp / "site"), str(wheel),
-        ],
-        timeout=1800,
-    )  # fmt: skip
-    for own in (tmp / "site").glob("nightlab*"):  # the clusters install the shipped build themselves
+    site = Path(sysconfig.get_paths()["purelib"])
+    base, tmp = into / "base", into / "base.tmp"
+    if _run(["cp", "-al", str(site), str(tmp)], timeout=600, check=False).returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # another file system: no hard links across it
+        _run(["cp", "-a", str(site), str(tmp)], timeout=1200)
+    # the clusters install the shipped build themselves; an editable install's hook is no package
+    for own in [*tmp.glob("nightlab*"), *tmp.glob("__editable__*nightlab*")]:
         shutil.rmtree(own) if own.is_dir() else own.unlink()
-    _run(["chmod", "-R", "a+rX", str(tmp / "site")])
-    (tmp / "site" / ".complete").write_text("")
-    shutil.rmtree(base, ignore_errors=True)
-    (tmp / "site").rename(base)
-    shutil.rmtree(tmp, ignore_errors=True)
+    _run(["chmod", "-R", "a+rX", str(tmp)])  # the SSH user reads it (adds read bits only)
+    tmp.rename(base)
     return base
 
 
@@ -310,8 +268,12 @@ def add_pool(lab: Path, base: Path, *, extra: str = "") -> None:
     (lab / "fleet" / "skypilot.yaml").write_text(worker_yaml(base))
 
 
-def _pip_config(house: Path) -> str:
-    """pip.conf for the SSH user: this machine's pip settings, packages from the local wheelhouse only."""
+def _pip_config() -> str:
+    """pip.conf for the SSH user: this machine's pip settings, and no index.
+
+    Set-up installs the shipped wheel, whose dependencies `base_env` already provides, and
+    upgrades pip, which with no index keeps the venv's own: nothing is fetched.
+    """
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
     ).stdout
@@ -324,7 +286,6 @@ def _pip_config(house: Path) -> str:
     for key, value in os.environ.items():
         if key.startswith("PIP_") and key != "PIP_CONFIG_FILE":
             values[key[4:].lower().replace("_", "-")] = value
-    values["find-links"] = " ".join(v for v in (values.get("find-links"), str(house)) if v)
     values["no-index"] = "true"
     for key in ("index-url", "extra-index-url"):
         values.pop(key, None)
@@ -570,10 +531,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         curl.write_text(CURL_SHIM.format(uv_wrapper=wrapper))
         for f in (wrapper, curl):
             f.chmod(0o755)
-        house = wheelhouse()
-        self.base = base_env(house)
+        self.base = base_env(self.root)
         pip_conf = self.path("pip.conf")
-        pip_conf.write_text(_pip_config(house))
+        pip_conf.write_text(_pip_config())
         pip_conf.chmod(0o644)
         self.ssh_port = free_port()
         config = self.path("sshd_config")

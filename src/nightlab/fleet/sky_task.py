@@ -131,12 +131,6 @@ run: |
 # (see `save_score` for why a line train.py printed cannot stand in for it). `-I`: the
 # snapshot (the cwd) must not shadow the installed harness, and PYTHONPATH does not count.
 RUN_SCRIPT = r"""set -u
-# One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
-# (a job that asks for no GPU asks for one CPU): the next one, queued early so the GPU never
-# idles between runs, waits here. Its budget starts at `nightlab-start:`, not at `sky exec`.
-exec 9>"$HOME/.nightlab-run.lock"
-if command -v flock >/dev/null 2>&1; then flock 9; fi
-echo "nightlab-start: $(date +%s.%N)"
 venv="${NIGHTLAB_VENV:-$HOME/nightlab-venv}"; venv="${venv/#\~/$HOME}"
 if [ -f "$venv/bin/activate" ]; then . "$venv/bin/activate"; fi
 export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
@@ -153,6 +147,14 @@ if [ $? -ne 0 ]; then echo "nightlab: the snapshot payload could not be unpacked
 unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
+# One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
+# (a job that asks for no GPU asks for one CPU): the next one, queued early so the GPU never
+# idles between runs, waits here with its snapshot unpacked. Its budget starts at
+# `nightlab-start:`, not at `sky exec`. The run inherits the lock: a process it leaves behind
+# keeps the next one waiting.
+exec 9>"$HOME/.nightlab-run.lock"
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+echo "nightlab-start: $(date +%s.%N)"
 cd "$work"
 # stderr joins stdout here: SkyPilot on Slurm carries the two apart and reordered a traceback
 # before the lines printed ahead of it (the conformance suite's crash scenario, real SDK)
@@ -163,8 +165,13 @@ else
   timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND" 2>&1
 fi
 code=$?
+# the experiment is over: a queued one may start while this one reports (the code hash is a
+# python start-up, seconds on a loaded box; where SkyPilot's scheduler queues the next job
+# until this one exits, as it does for jobs asking for a GPU, it still waits for it)
+exec 9>&-
 cd "$HOME"
-# the code hash of the nightlab this run imported (from /, so no folder shadows it; PYTHONPATH
+# the code hash of the nightlab this run imported, taken after the run so that a run which
+# changed the installed nightlab is caught (from /, so no folder shadows it; PYTHONPATH
 # counts, as it did for the run): a result from other code is `invalid`
 echo "nightlab-code: $(cd / && python -m nightlab.fleet.build hash 2>/dev/null || echo none)"
 if [ "$supervise" = 1 ]; then
