@@ -22,9 +22,9 @@ machine's pip configuration (`PIP_CONFIG_FILE`) and TLS bundle (`SSL_CERT_FILE`,
 needs behind an intercepting proxy) through sshd's `SetEnv`.
 
 The clusters' venvs import nightlab's dependencies from this environment's site-packages,
-hard-linked into the run directory (`base_env`), and the SSH user's pip has no index: two
-clusters setting up at once do not each fetch ~60 packages; what set-up installs as nightlab
-is still the controller's shipped wheel.
+hard-linked into the run directory (`base_env`): two clusters setting up at once do not each
+fetch ~60 packages from the index (only what this environment lacks); what set-up installs
+as nightlab is still the controller's shipped wheel.
 
 Measured on the shared 2-core machine (2026-12-01, load average 12-18 from other test
 runs): `up()` 96-103 s, most of it `sky check slurm`; the wheelhouse 61 s once.
@@ -269,10 +269,11 @@ def add_pool(lab: Path, base: Path, *, extra: str = "") -> None:
 
 
 def _pip_config() -> str:
-    """pip.conf for the SSH user: this machine's pip settings, and no index.
+    """pip.conf for the SSH user: this machine's pip settings (its index, its proxy's certificates).
 
-    Set-up installs the shipped wheel, whose dependencies `base_env` already provides, and
-    upgrades pip, which with no index keeps the venv's own: nothing is fetched.
+    Set-up installs the shipped wheel, whose dependencies `base_env` provides, so pip fetches
+    only what this environment lacks or holds too old (torch 2.13 asks for setuptools>=77.0.3,
+    newer than a venv's own).
     """
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
@@ -286,9 +287,6 @@ def _pip_config() -> str:
     for key, value in os.environ.items():
         if key.startswith("PIP_") and key != "PIP_CONFIG_FILE":
             values[key[4:].lower().replace("_", "-")] = value
-    values["no-index"] = "true"
-    for key in ("index-url", "extra-index-url"):
-        values.pop(key, None)
     return "[global]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(values.items()))
 
 
