@@ -570,6 +570,26 @@ def test_a_restarted_controller_finds_a_job_by_name_and_can_kill_it(sky_lab, fak
     second.close()
 
 
+def test_a_restarted_controller_waits_for_the_job_of_an_exec_in_flight(sky_lab, tmp_path, monkeypatch, fast):
+    """Issue 14 (real run): a controller SIGKILLed just after a lease left its `sky exec` in flight;
+    the next one looked once, found no job and requeued the run, while the job still landed."""
+    fake = FakeSky(tmp_path / "slow", scale=SCALE, exec_seconds=1.0 / SCALE).install(monkeypatch)
+    lab = sky_lab()
+    first = _backend(lab, fake)
+    slot = _slot(first, "h200-sky-1")
+    wait_until(lambda: first.available(slot), timeout=10)
+    eid = submit(lab, "short", "h200", SLEEP="0.2")
+    spec = _spec(lab, eid)
+    handle = first.launch(slot, spec)
+    first.close()  # the controller dies with the exec in flight: no job id saved
+    (spec.run_dir / "sky.json").unlink(missing_ok=True)
+    second = _backend(lab, fake)
+    ended = _wait_exit(second, slot, spec, handle)
+    assert ended.exit_code == 0 and not ended.lost, ended.detail  # found once it landed, not requeued
+    assert fake.count("exec") == 1
+    second.close()
+
+
 def test_a_broken_worker_yaml_fails_the_launch_without_retries(sky_lab, fake):
     lab = sky_lab()
     (lab / "fleet").mkdir()

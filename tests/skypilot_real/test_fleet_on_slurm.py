@@ -193,13 +193,16 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
         "preempted": "ok",
         "slow": "ok",
     }
-    lost, retry = tries[remote["preempted"]]
+    lost, retry = tries[remote["preempted"]][0], tries[remote["preempted"]][-1]
     for name, eid in remote.items():
         failures = [a.failure for a in tries[eid]]
         # exactly once: only the preempted run needed a second attempt, on the other worker (and
-        # the run pipelined behind it on the same cluster, if one was queued there)
-        assert failures[:-1] in ([["infra"]] if name == "preempted" else [[], ["infra"]]), (name, failures)
-        assert all(a.worker == lost.worker for a in tries[eid][:-1])
+        # the runs queued behind it on the same cluster); besides, a run leased just before the
+        # SIGKILL whose `sky exec` never reached SkyPilot is requeued ("no job ... after N s")
+        earlier = tries[eid][:-1]
+        assert all(a.failure == "infra" for a in earlier) and len(earlier) <= 2, (name, failures)
+        assert all(a.worker == lost.worker or (a.detail or "").startswith("no job ") for a in earlier)
+        assert name != "preempted" or earlier[0].worker == lost.worker
         assert all(a.ended_at is not None for a in tries[eid])
     assert lost.worker != retry.worker and lost.worker in WORKERS
     assert [e.worker for e in events if e.kind == "cluster-lost"] == [lost.worker]

@@ -50,6 +50,11 @@ LOST_RELAUNCH_DELAY = 60.0
 # one, an exec slower than one run (35-50 s for 20 s runs on a loaded box, bench/RESULTS.md)
 # still left the GPU idle between runs; with two, each exec has two runs' time to land
 QUEUE_DEPTH = 2
+# seconds a re-attaching controller looks for the job of an exec that was in flight when the
+# previous one died: the API server finishes that exec on its own (35-80 s on a loaded box),
+# and a job that lands after one empty look would run unobserved beside the run's retry
+# (tests/skypilot_real: a SIGKILL 0.1 s after a lease, with two runs queued per cluster)
+FIND_PATIENCE = 150.0
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")

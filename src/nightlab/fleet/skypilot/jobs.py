@@ -198,21 +198,29 @@ class Jobs:
         return run
 
     def _find_job(self, run: Run) -> None:
-        """The job id of a run whose exec was in flight when the controller died, by job name."""
+        """The job id of a run whose exec was in flight when the controller died, by job name.
+
+        Looked for until `core.FIND_PATIENCE` has passed: the API server finishes an exec its
+        client no longer waits for, so the job may land after the first look.
+        """
         name, sdk = job_name(run.spec), self.shared.sdk
-        try:
-            jobs = sdk.get(sdk.queue(run.cluster.name, skip_finished=False))
-        except Exception as e:
-            detail = f"cannot list jobs on `{run.cluster.name}`: {one_line(e)}"
-            self._end(run, RunExit(None, lost=True, detail=detail))
-            return
-        ids = [field_of(j, "job_id") for j in jobs if field_of(j, "job_name") == name]
-        if not ids:
-            self._end(
-                run, RunExit(None, lost=True, detail=f"no job `{name}` on cluster `{run.cluster.name}`")
-            )
-            return
-        self._running(run, int(max(ids)))
+        deadline = time.time() + core.FIND_PATIENCE
+        while True:
+            try:
+                jobs = sdk.get(sdk.queue(run.cluster.name, skip_finished=False))
+            except Exception as e:
+                detail = f"cannot list jobs on `{run.cluster.name}`: {one_line(e)}"
+                self._end(run, RunExit(None, lost=True, detail=detail))
+                return
+            ids = [field_of(j, "job_id") for j in jobs if field_of(j, "job_name") == name]
+            if ids:
+                self._running(run, int(max(ids)))
+                return
+            if time.time() >= deadline or self.shared.stop.is_set():
+                detail = f"no job `{name}` on cluster `{run.cluster.name}` after {core.FIND_PATIENCE:.0f} s"
+                self._end(run, RunExit(None, lost=True, detail=detail))
+                return
+            self.shared.stop.wait(self.shared.status_interval)
 
     def _save(self, run: Run, **data: Any) -> None:
         path = run.spec.run_dir / "sky.json"
