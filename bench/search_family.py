@@ -19,8 +19,9 @@ Each strategy (16 workers) then runs until its incumbent's noise-free value reac
 adoption whose noise-free value is worse than the incumbent it replaced.
 
 Sets (so no tuning reads the held-out one): `dev` = members d0-d11 and sim, seeds 0-19;
-`heldout2` = members h8-h15 (member seeds 1008-1015), seeds 200-219. Tune on dev only.
-`heldout` = h0-h7, seeds 100-119 was read once (the first report) and is retired from judging.
+`heldout3` = members h16-h23 (member seeds 1016-1023), seeds 300-319. Tune on dev only.
+`heldout` = h0-h7, seeds 100-119 and `heldout2` = h8-h15, seeds 200-219 were read by earlier
+reports and are retired from judging (kept to reproduce the recorded figures).
 
 The loop is the real `search.strategies.run_loop` with the real strategies and the real verdict
 rule (`decide.best_of_wave`, the noise floor pooled over repeated configurations, the settle
@@ -39,7 +40,7 @@ candidates of the wave in which they end, judged against the incumbent of that m
 z of that wave's size). Only whole configurations are judged, each against the incumbent it would
 replace, so the verdict rule is the synchronous one.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--option NAME=VALUE ...] [--json out.json] [--verbose]
 """
@@ -60,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nightlab.search.decide import best_of_wave, pooled_sd
+from nightlab.search.decide import FLOOR_REPEATS, best_of_wave, pooled_sd
 from nightlab.search.knobs import parse_value
 from nightlab.search.spaces import Choice, Dimension, parse_space
 from nightlab.search.strategies import Observation, make_strategy, run_loop
@@ -338,10 +339,15 @@ DEV_MEMBERS = [f"d{i}" for i in range(12)] + ["sim"]
 # and stays out of every tuning loop; `heldout` is kept to reproduce the recorded figures.
 HELDOUT_MEMBERS = [f"h{i}" for i in range(8)]
 HELDOUT2_MEMBERS = [f"h{i}" for i in range(8, 16)]
+# `heldout2` was read by the second report and again after the t-rule (issue 17, 2026-12-01):
+# `heldout3` (h16-h23 = member seeds 1016-1023, seeds 300-319) judges the strategy tuned after
+# that, read once, at the end.
+HELDOUT3_MEMBERS = [f"h{i}" for i in range(16, 24)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
     "heldout2": (HELDOUT2_MEMBERS, range(200, 220)),
+    "heldout3": (HELDOUT3_MEMBERS, range(300, 320)),
 }
 
 
@@ -353,7 +359,7 @@ def member(name: str) -> Member:
         return make_member(int(name[1:]), name)
     if name[:1] == "h" and name[1:].isdigit():
         return make_member(1000 + int(name[1:]), name)
-    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h8..h15 held out)")
+    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h16..h23 held out)")
 
 
 # --- the in-memory lab --------------------------------------------------------------------------
@@ -429,7 +435,7 @@ class Sim:
 
     # --- the callables of run_loop
 
-    def start_floor(self, n: int = 3) -> None:
+    def start_floor(self, n: int = FLOOR_REPEATS) -> None:
         self.floor = [self._run(self.head, self.now) for _ in range(n)]
 
     def submit(self, proposals: list[dict[str, str]], index: int) -> str:
@@ -558,6 +564,7 @@ def search(
     stop_at: float | None = None,
     rolling: float | None = None,
     options: Mapping[str, object] | None = None,
+    floor: int = FLOOR_REPEATS,
 ) -> Trace:
     """Run one search of `strategy` on member `m` through `run_loop`; its path of true values."""
     sim = (
@@ -583,7 +590,7 @@ def search(
             if stop_at is not None and new <= stop_at + 1e-12:
                 raise Reached
 
-    sim.start_floor()
+    sim.start_floor(floor)
     size = workers if strategy != "greedy" else 1
     started = time.process_time()
     done = 0
@@ -592,7 +599,7 @@ def search(
             strat,
             incumbent=dict(m.start),
             wave_size=size,
-            first_wave_size=max(1, size - 3),
+            first_wave_size=max(1, size - floor),
             submit_wave=sim.submit,
             wait_wave=sim.wait,
             decide=sim.decide,
@@ -634,6 +641,9 @@ def main() -> None:
     parser.add_argument(
         "--option", action="append", default=[], metavar="NAME=VALUE", help="a strategy option"
     )
+    parser.add_argument(
+        "--floor", type=int, default=FLOOR_REPEATS, help="repeats of the start alongside the first wave"
+    )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
     parser.add_argument("--verbose", action="store_true")
@@ -668,6 +678,7 @@ def main() -> None:
                     stop_at=target,
                     rolling=args.rolling,
                     options=options if s == strategies[0] else None,
+                    floor=args.floor,
                 )
                 wrong[s] += p.wrong
                 t = p.time_to(target)

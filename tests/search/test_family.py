@@ -47,14 +47,31 @@ def test_the_family_covers_the_kinds_sizes_crashes_and_noise_it_claims() -> None
     assert m.crash(big) == "oom"
 
 
+def _member_seed(name: str) -> int | str:
+    """The seed `family.member` builds a member from (dN: N, hN: 1000 + N; sim is its own)."""
+    if name == "sim":
+        return name
+    return int(name[1:]) + (1000 if name[0] == "h" else 0)
+
+
+def test_member_seeds_are_what_the_names_say() -> None:
+    for name in ("d3", "h17"):
+        assert family.member(name).describe == family.make_member(_member_seed(name), name).describe
+
+
 def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
-    dev_members, dev_seeds = family.SETS["dev"]
-    for name in ("heldout", "heldout2"):
-        held_members, held_seeds = family.SETS[name]
-        assert not set(dev_members) & set(held_members) and not set(dev_seeds) & set(held_seeds)
-    old_members, old_seeds = family.SETS["heldout"]
-    new_members, new_seeds = family.SETS["heldout2"]  # the first held-out set was read once: a fresh one
-    assert not set(old_members) & set(new_members) and not set(old_seeds) & set(new_seeds)
+    """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
+    held-out set was read once and replaced (heldout, then heldout2, then heldout3)."""
+    assert list(family.SETS) == ["dev", "heldout", "heldout2", "heldout3"]
+    names = list(family.SETS)
+    member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            (ma, sa), (mb, sb) = family.SETS[a], family.SETS[b]
+            assert not set(ma) & set(mb), (a, b)
+            assert not set(sa) & set(sb), (a, b)
+            assert not member_seeds[a] & member_seeds[b], (a, b)
+    assert family.SETS["heldout3"] == ([f"h{i}" for i in range(16, 24)], range(300, 320))
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:

@@ -15,6 +15,7 @@ from nightlab import identity
 from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, LedgerError
 from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Source, Verdict
+from nightlab.search.decide import FLOOR_REPEATS
 from nightlab.waves import (
     head_knobs,
     noise,
@@ -198,7 +199,7 @@ class _LabLoop:
             e.id for e in self.lab.ledger.experiments(tree=tree, tier=tier) if not e.status.is_finished()
         ]
         if not pending:
-            n = 3
+            n = FLOOR_REPEATS
             self.note(
                 f"no noise floor on tier {tier}: running the incumbent {n} times alongside the first wave"
             )

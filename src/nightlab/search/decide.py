@@ -58,6 +58,7 @@ from statistics import NormalDist
 from nightlab.errors import UsageError
 
 __all__ = [
+    "FLOOR_REPEATS",
     "MIN_RUNS_TO_KEEP",
     "Decision",
     "critical",
@@ -77,6 +78,9 @@ __all__ = [
 KEEP, WITHIN_NOISE, DISCARD = "keep", "within-noise", "discard"
 # Beyond this many degrees of freedom the t quantile is its Cornish-Fisher expansion (error < 1e-6).
 _SERIES_DOF = 1000
+# Repeats of the incumbent `nightlab search` runs alongside its first wave when the tier has no
+# noise floor (research._LabLoop.start_noise_floor; bench/search_family.py simulates the same).
+FLOOR_REPEATS = 3
 # A keep needs this many runs on each side, so that each side's own spread can be checked.
 MIN_RUNS_TO_KEEP = 2
 # The level at which a side's own spread counts as beyond the floor's (`_noisier_than_floor`).
