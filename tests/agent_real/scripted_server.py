@@ -82,6 +82,7 @@ class ResearchPolicy:
 
     ideas: list[str] = field(default_factory=lambda: ["0.02", "0.04", "0.005", "0.03", "0.015", "0.01"])
     per_session: int = 2
+    repeats: int = 1  # runs per idea (a keep needs two: search/decide.py MIN_RUNS_TO_KEEP)
     max_waits: int = 6
     final_text: str = "I am done: the ideas are measured and the best one is adopted."
 
@@ -94,7 +95,8 @@ class ResearchPolicy:
         submitted = [c for c in commands if c.startswith("nightlab submit")]
         if len(submitted) < self._planned(history):
             value = self._untried(history)[0]
-            return Step(f"nightlab submit -m 'lr {value}' --set LR={value} --json")
+            many = f" --repeats {self.repeats}" if self.repeats > 1 else ""
+            return Step(f"nightlab submit -m 'lr {value}' --set LR={value}{many} --json")
         mine = self._my_ids(history)
         rows = _json_in(last_out) if last_cmd.startswith("nightlab results") else None
         waits = sum(c.startswith("nightlab wait") for c in commands)

@@ -32,9 +32,11 @@ def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     wait_json(lab, "--all")
     # every session's first request must show the lab's state, the crash included
     required = (*REQUIRED_STATE, "## Recent crashes", "- e0003 crash:oom")
-    with net.call(ScriptedServer, ResearchPolicy(per_session=2), required=required) as server:
+    # two runs an idea: a keep needs each side's own spread (search/decide.py MIN_RUNS_TO_KEEP)
+    policy = ResearchPolicy(per_session=2, repeats=2)
+    with net.call(ScriptedServer, policy, required=required) as server:
         env = cli_env(cli, server.url, tmp_path / "home", bins)
-        proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "4", "--stall-seconds", "60")
+        proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "8", "--stall-seconds", "60")
         code, out, err = finish(proc, timeout=120)
     assert code == 0, err
     assert out == "max-experiments\n", err
@@ -46,27 +48,31 @@ def test_a_real_research_loop(cli, make_lab, bins, net, tmp_path):
     assert first["commands"] == 7 and first["turns"] >= 7
     assert first["last_message"].startswith("I am done")
     assert len(st["sessions"]) == 2 and st["restarts_total"] == 1
-    assert st["experiments_submitted"] == 4
+    assert st["experiments_submitted"] == 8
 
-    # the real tool calls did the research: 4 experiments by the agent, lr 0.02 adopted
+    # the real tool calls did the research: 4 ideas of 2 runs by the agent, lr 0.02 adopted
     rows = json.loads(nightlab("results", "--json", cwd=lab).stdout)["experiments"]
     by_agent = sorted((r["id"], r["description"]) for r in rows if r["description"].startswith("lr "))
     assert by_agent == [
         ("e0004", "lr 0.02"),
-        ("e0005", "lr 0.04"),
-        ("e0006", "lr 0.005"),
-        ("e0007", "lr 0.03"),
+        ("e0005", "lr 0.02"),
+        ("e0006", "lr 0.04"),
+        ("e0007", "lr 0.04"),
+        ("e0008", "lr 0.005"),
+        ("e0009", "lr 0.005"),
+        ("e0010", "lr 0.03"),
+        ("e0011", "lr 0.03"),
     ]
     journal = nightlab("journal", cwd=lab).stdout
-    assert "- e0004 keep [adopted]: cpu 1.000000" in journal and "LR 0.01->0.02" in journal
+    assert "- e0004+1 keep [adopted]: cpu 1.000000" in journal and "LR 0.01->0.02" in journal
     assert "LR 0.01->0.04" in journal
-    # session 1's note, then session 2's if it got that far before the stop at 4 experiments.
+    # session 1's note, then session 2's if it got that far before the stop at 8 experiments.
     # Compared as a list: the notes start with "- ", which in pytest's diff of two strings reads
     # as a removed line (that is how "only session 2's note" was once read off a CI failure).
     notes = (lab / "notes.md").read_text().splitlines()
     assert notes in (
-        ["- session tried e0004, e0005"],
-        ["- session tried e0004, e0005", "- session tried e0006, e0007"],
+        ["- session tried e0004, e0005, e0006, e0007"],
+        ["- session tried e0004, e0005, e0006, e0007", "- session tried e0008, e0009, e0010, e0011"],
     )
 
     # the restarted session's prompt held the new state (the server checked every first request)
