@@ -102,3 +102,21 @@ def test_cancel(ledger):
     assert ledger.request_cancel("e0002") == ExperimentStatus.CANCELLED
     assert ledger.request_cancel("e0001") == ExperimentStatus.RUNNING
     assert ledger.get("e0001").cancel_requested
+
+
+def test_recent_wall_seconds_are_the_last_ok_runs_of_the_tier(ledger):
+    ledger.add_experiments([new(i) for i in range(5)])
+    walls = []
+    for i, outcome in enumerate(["ok", "crash:exception", "ok", "ok", "ok"]):
+        att = ledger.lease_next("w0", "cpu")
+        ledger._conn.execute(
+            "UPDATE experiments SET started_at = ? WHERE id = ?", (1000.0 * i, att.experiment_id)
+        )
+        ledger._conn.commit()
+        ledger.finish_attempt(att.id, outcome=outcome)
+        if outcome == "ok":
+            e = ledger.get(att.experiment_id)
+            walls.append(e.finished_at - e.started_at)
+    assert ledger.recent_wall_seconds("cpu", 3) == walls[-3:]  # oldest first, the crash left out
+    assert ledger.recent_wall_seconds("cpu", 10) == walls
+    assert ledger.recent_wall_seconds("gpu", 10) == []

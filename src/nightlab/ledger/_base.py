@@ -353,6 +353,16 @@ class BaseLedger(ABC):
         )
         return start[0]["ts"], stop[0]["ts"] if stop else start[0]["ts"]
 
+    def recent_wall_seconds(self, tier: str, limit: int) -> list[float]:
+        """Start-to-end seconds of the last `limit` ok runs of `tier`, oldest first (no row decoded)."""
+        rows = self._query(
+            "SELECT finished_at - started_at AS wall FROM experiments"
+            " WHERE status = ? AND tier = ? AND outcome = 'ok'"
+            " AND started_at IS NOT NULL AND finished_at IS NOT NULL ORDER BY seq DESC LIMIT ?",
+            (int(ExperimentStatus.FINISHED), tier, limit),
+        )
+        return [r["wall"] for r in reversed(rows)]
+
     def training_spans(
         self, since: float, *, metric: str = "training_seconds"
     ) -> list[tuple[ExperimentStatus, float | None, float | None, float | None]]:

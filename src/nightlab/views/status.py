@@ -17,11 +17,7 @@ def expected_seconds(lab: Any, tier: str) -> float | None:
     None (a foreign target before its first run)."""
     from statistics import median
 
-    ok = [
-        e.finished_at - e.started_at
-        for e in lab.ledger.experiments(tier=tier, with_metrics=False)
-        if e.ok and e.started_at and e.finished_at
-    ][-EXPECTED_FROM_RUNS:]
+    ok = lab.ledger.recent_wall_seconds(tier, EXPECTED_FROM_RUNS)
     if ok:
         return median(ok)
     if lab.config.profile:
