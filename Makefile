@@ -27,7 +27,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) nightlab-demo .gpu-rehearse

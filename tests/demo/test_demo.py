@@ -43,7 +43,9 @@ def test_demo_finds_the_batch_regime_that_suits_this_machine(tmp_path, monkeypat
         sum(1 for r in rows[1:] if r.split("\t")[3] == "keep") >= 3
     )  # the baseline's two runs and the winner
     res = json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)
-    assert {e["outcome"] for e in res["experiments"]} == {"ok"}
+    # a run a busy machine starved is `degraded` and re-run; the demo waits for every re-run
+    assert {e["outcome"] for e in res["experiments"]} <= {"ok", "degraded"}
+    assert not [e["id"] for e in res["experiments"] if e["status"] in ("queued", "running")]
     # what the demo printed is what the ledger holds: the best variant's figure
     best = next(e for e in res["experiments"] if e["id"] == out["best_id"])
     with open_ledger(lab) as ledger:
