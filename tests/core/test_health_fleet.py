@@ -131,6 +131,11 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
         assert f"{a} starved: got" in text.stderr and "not judged" in text.stderr
         shown = nightlab("show", a, "--no-diff", cwd=lab).stdout
         assert "health degraded (got" in shown
+        # each names the other: the degraded run its re-run, the re-run what it re-runs
+        [again] = [r["id"] for r in reruns if r["description"].split()[2] == a]
+        assert f"re-run as {again} (" in shown
+        assert f"re-run of {a}, which ended degraded" in nightlab("show", again, "--no-diff", cwd=lab).stdout
+        assert (with_attempts[again]["rerun_of"], with_attempts[again]["rerun"]) == (a, None)
         # the report and the dashboard say it too; the journal gives its figure and reason
         nightlab("report", "--no-plot", cwd=lab)
         # results.tsv holds the default tier, results-cpu2.tsv the second pool's

@@ -40,6 +40,12 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
         from nightlab.fleet.health import Health
 
         out.print(f"  health {Health.from_dict(e.health).summary()}")
+    if data["rerun"]:
+        again = lab.ledger.get(data["rerun"])
+        result = again.outcome or again.status.label
+        out.print(f"  re-run as {again.id} ({result}): `nightlab show {again.id}`")
+    if data["rerun_of"]:
+        out.print(f"  re-run of {data['rerun_of']}, which ended degraded")
     out.print(
         f"  tier {e.tier}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, snapshot {e.snapshot[:12]}"
     )

@@ -353,6 +353,18 @@ class BaseLedger(ABC):
         )
         return start[0]["ts"], stop[0]["ts"] if stop else start[0]["ts"]
 
+    def rerun_links(self, experiment_id: str) -> tuple[str | None, str | None]:
+        """(the degraded experiment this one re-runs, the re-run queued for this one), None where none."""
+        of = self._query(
+            "SELECT json_extract(data, '$.of') AS of FROM events WHERE kind = 'rerun' AND experiment_id = ?",
+            (experiment_id,),
+        )
+        rerun = self._query(
+            "SELECT experiment_id FROM events WHERE kind = 'rerun' AND json_extract(data, '$.of') = ?",
+            (experiment_id,),
+        )
+        return (of[0]["of"] if of else None, rerun[0]["experiment_id"] if rerun else None)
+
     def recent_wall_seconds(self, tier: str, limit: int) -> list[float]:
         """Start-to-end seconds of the last `limit` ok runs of `tier`, oldest first (no row decoded)."""
         rows = self._query(

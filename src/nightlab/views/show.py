@@ -32,5 +32,7 @@ def show_payload(
 
     data = e.to_dict()
     data["trust"] = trust(e, lab.config)
+    # a degraded run is re-run once (fleet/health.py): the one figure that counts is the re-run's
+    data["rerun_of"], data["rerun"] = lab.ledger.rerun_links(e.id)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
     return data
