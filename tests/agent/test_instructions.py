@@ -24,6 +24,7 @@ def test_a_target_without_program_gets_nightlabs_program_md_and_the_skill(make_l
     assert "editing `train.py`" in program and "git checkout HEAD -- train.py" in program
     assert "hard limit of 600 s" in program and "`cpu`" in program
     assert "{{" not in program and "}}" not in program
+    assert "- `degraded`: the machine starved" in program and "names the re-run" in program
     for section in (
         "## Working in waves",
         "## With a single slot",
