@@ -96,6 +96,18 @@ def test_a_superseded_attempt_cannot_finish(ledger):
     assert ledger.finish_attempt(second.id, outcome="ok") == "finished"
 
 
+def test_queued_infra_retries_name_the_worker_they_left_and_a_lease_can_be_limited_to_them(ledger):
+    ledger.add_experiments([new(1), new(2), new(3)])
+    first, second = ledger.lease_next("w0", "cpu"), ledger.lease_next("w0", "cpu")
+    ledger.finish_attempt(first.id, outcome="infra", retry=True, max_attempts=3)
+    ledger.finish_attempt(second.id, outcome="crash:exception")
+    assert ledger.infra_retries() == {"e0001": "w0"}  # queued, and its last attempt ended infra on w0
+    assert ledger.lease_next("w1", "cpu", only=["e0003"]).experiment_id == "e0003"  # not the older e0001
+    assert ledger.lease_next("w1", "cpu", only=[]) is None
+    assert ledger.lease_next("w1", "cpu", only=["e0001"]).experiment_id == "e0001"
+    assert ledger.infra_retries() == {}  # leased again
+
+
 def test_cancel(ledger):
     ledger.add_experiments([new(1), new(2)])
     ledger.lease_next("w0", "cpu")

@@ -906,7 +906,10 @@ def test_an_exec_slower_than_one_run_is_hidden_by_a_queue_two_deep(make_lab, tmp
     assert max(gaps) < exec_s / 2, gaps
 
 
-def test_a_lost_cluster_ends_every_queued_attempt_as_infra_once(sky_lab, tmp_path, monkeypatch, fast):
+def test_a_lost_cluster_ends_every_queued_attempt_as_infra_once_and_the_other_worker_reruns_them(
+    sky_lab, tmp_path, monkeypatch, fast
+):
+    """Issue 14: the retries went to the relaunched cluster while the other worker's queue was full."""
     fake = FakeSky(tmp_path / "slow", scale=SCALE, exec_seconds=0.3 / SCALE).install(monkeypatch)
     lab = sky_lab(timeout=20)
     ids = [submit(lab, f"run {i}", "h200", SLEEP="2", LR=f"0.0{i + 1}") for i in range(6)]
@@ -922,6 +925,10 @@ def test_a_lost_cluster_ends_every_queued_attempt_as_infra_once(sky_lab, tmp_pat
     for i in ids:
         assert [a.failure for a in tries[i]] in (["ok"], ["infra", "ok"]), tries[i]
         assert all(a.worker == lost.worker for a in tries[i][:-1])
+    # every retry ran on the other worker, though its queue was full (two runs behind its running
+    # one) when they were requeued and the lost cluster was soon up again
+    assert {tries[i][-1].worker for i in infra} == {"h200-sky-0", "h200-sky-1"} - {lost.worker}
+    assert any(e.worker == lost.worker and e.ts > lost.ts for e in events(lab, "cluster-up"))
     # one SkyPilot job per attempt that ran to its end (the lost cluster took its own jobs along)
     names = [j.name for jobs in _jobs_of(fake).values() for j in jobs]
     assert len(names) == len(set(names)) == len(ids)

@@ -204,13 +204,10 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
         assert all(a.worker == lost.worker or (a.detail or "").startswith("no job ") for a in earlier)
         assert name != "preempted" or earlier[0].worker == lost.worker
         assert all(a.ended_at is not None for a in tries[eid])
-    assert lost.worker in WORKERS
-    if retry.worker == lost.worker:
-        # the other worker's queue may be full (two runs queued behind its running one): then the
-        # relaunched cluster takes the retry first; never the lost allocation itself
-        lost_at = next(e.ts for e in events if e.kind == "cluster-lost")
-        assert any(e.kind == "cluster-up" and e.worker == lost.worker and e.ts > lost_at for e in events)
-        assert retry.started_at > lost_at
+    # requeued on the other worker, even when its queue was full (two runs behind its running one)
+    # and the lost cluster was up again first
+    assert lost.worker in WORKERS and tries[remote["preempted"]][1].worker != lost.worker
+    assert retry.failure == "ok"
     assert [e.worker for e in events if e.kind == "cluster-lost"] == [lost.worker]
     assert any(e.kind == "reattach" for e in events)
     # logs and summaries in the ledger, from the controller's own build on the cluster

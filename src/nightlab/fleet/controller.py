@@ -104,6 +104,9 @@ class Controller:
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self.active: dict[str, _Active] = {}
+        # queued retries of runs that ended `infra`: experiment id -> the worker it ended on, which
+        # it leaves for another live worker of its tier (read from the ledger each heartbeat)
+        self._retries: dict[str, str] = {}
         self.pid = os.getpid()
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
@@ -141,6 +144,7 @@ class Controller:
                     if not self.ledger.controller_heartbeat(self.pid):
                         self.stopping = True
                     self.ledger.heartbeat(a.attempt.id for a in self.active.values())
+                    self._retries = self.ledger.infra_retries()
                     self.health.sample()
                     if self.watch_config:
                         self._follow_config()
@@ -473,6 +477,8 @@ class Controller:
         )
         if state == "finished":
             self.policy.ended(exp, outcome, verdict, judged)
+        elif state == "queued" and outcome == "infra":
+            self._retries[exp.id] = attempt.worker  # before the next lease, not at the next heartbeat
         return state, exp
 
     def _dispatch(self) -> bool:
@@ -481,19 +487,22 @@ class Controller:
         queued = self._queued_by_tier()
         if free and any(queued.values()) and self._disk_full_now():
             return True  # a run started now would die writing its log: wait in the queue for space
-        for slot in free:
+        for slot, retry_only in free:
             if not queued.get(slot.tier) or not self._backend(slot).available(slot):
                 continue
             allowed, skip = self.health.lease_rule(slot, [a.slot for a in self.active.values()])
             if not allowed:
                 continue
+            avoid = self._left_by(slot)
+            only = self._retries_for(slot) if retry_only else None
             attempt = self.ledger.lease_next(
-                slot.name, slot.tier, handle={"backend": slot.backend}, skip=skip
+                slot.name, slot.tier, handle={"backend": slot.backend}, skip=[*skip, *avoid], only=only
             )
             if attempt is None:
-                if not skip:  # else only the re-runs this slot skips may be left
+                if not skip and not avoid and only is None:  # else only what this slot skips may be left
                     queued[slot.tier] = 0
                 continue
+            self._retries.pop(attempt.experiment_id, None)
             queued[slot.tier] -= 1
             spec = self._spec(attempt)
             try:
@@ -511,8 +520,13 @@ class Controller:
             self.active[key] = _Active(slot, attempt, spec, handle, deadline)
         return any(queued.get(t) for t in {s.tier for s in self.slots})
 
-    def _free_slots(self) -> list[WorkerSlot]:
-        """Slots without a run, and pipelined slots with room in their queue (`queue_depth`)."""
+    def _free_slots(self) -> list[tuple[WorkerSlot, bool]]:
+        """Slots that may lease, each with whether it may take only a retry from another worker.
+
+        Free: slots without a run, and pipelined slots with room in their queue (`queue_depth`).
+        A pipelined slot whose queue is full takes one more, but only a retry of a run that
+        ended `infra` on another worker of its tier: that run must not wait for its own worker.
+        """
         runs: dict[str, list[_Active]] = {}
         for active in self.active.values():
             runs.setdefault(active.slot.name, []).append(active)
@@ -522,8 +536,25 @@ class Controller:
             depth = self._backend(s).queue_depth(s) if held else 0
             waiting = sum(not a.started for a in held)
             if not held or (waiting < depth and len(held) <= depth):
-                free.append(s)
+                free.append((s, False))
+            elif depth and waiting <= depth and len(held) <= depth + 1 and self._retries_for(s):
+                free.append((s, True))
         return free
+
+    def _retries_for(self, slot: WorkerSlot) -> list[str]:
+        """Queued retries of runs that ended `infra` on another worker of `slot`'s tier."""
+        others = {s.name for s in self.slots if s.tier == slot.tier and s.name != slot.name}
+        return [eid for eid, worker in self._retries.items() if worker in others]
+
+    def _left_by(self, slot: WorkerSlot) -> list[str]:
+        """The retries `slot` must not take: those that ended `infra` on it, while its tier has
+        another live worker (one whose backend offers it work), which then takes them."""
+        mine = [eid for eid, worker in self._retries.items() if worker == slot.name]
+        if mine and any(
+            s.tier == slot.tier and s.name != slot.name and self._backend(s).available(s) for s in self.slots
+        ):
+            return mine
+        return []
 
     def _disk_full_now(self) -> bool:
         free = free_bytes(self.lab_dir / ".nightlab")

@@ -254,6 +254,19 @@ class BaseLedger(ABC):
         )
         return {r["tier"]: r["n"] for r in rows}
 
+    def infra_retries(self) -> dict[str, str]:
+        """Queued experiments whose last attempt ended `infra`: id -> the worker it ended on.
+
+        The controller places such a retry on another worker of its tier (`Controller._dispatch`).
+        """
+        rows = self._query(
+            "SELECT e.id, a.worker FROM experiments e JOIN attempts a"
+            " ON a.experiment_id = e.id AND a.number = e.attempts"
+            " WHERE e.status = ? AND e.attempts > 0 AND a.failure = 'infra'",
+            (int(ExperimentStatus.QUEUED),),
+        )
+        return {r["id"]: r["worker"] for r in rows}
+
     def find_measured(self, tree: str, tier: str, seed: int) -> Experiment | None:
         """An experiment of the same files, tier and seed that is queued, running or finished ok."""
         rows = self._query(

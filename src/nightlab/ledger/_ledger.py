@@ -232,20 +232,26 @@ class Ledger(BaseLedger):
         *,
         handle: dict[str, Any] | None = None,
         skip: Iterable[str] = (),
+        only: Iterable[str] | None = None,
     ) -> Attempt | None:
         """Atomically move the next queued experiment of `tier` to RUNNING on `worker`.
 
         Order: highest priority first, then submission order. `skip`: ids this worker must
-        not take (a re-run of a degraded result waits for another slot).
+        not take (a re-run of a degraded result waits for another slot). `only`: the ids it
+        may take, when not all (a full queue takes only a retry from another worker).
         """
         now = time.time()
         skipped = sorted(skip)
+        allowed = None if only is None else sorted(only)
+        if allowed == []:
+            return None
         with self.transaction() as c:
             row = c.execute(
                 "SELECT id, attempts FROM experiments WHERE status = ? AND tier = ?"
                 + (f" AND id NOT IN ({','.join('?' * len(skipped))})" if skipped else "")
+                + (f" AND id IN ({','.join('?' * len(allowed))})" if allowed else "")
                 + " ORDER BY priority DESC, seq LIMIT 1",
-                (int(ExperimentStatus.QUEUED), tier, *skipped),
+                (int(ExperimentStatus.QUEUED), tier, *skipped, *(allowed or [])),
             ).fetchone()
             if row is None:
                 return None
