@@ -27,6 +27,7 @@ from nightlab.search.strategies import (
     make_strategy,
     run_loop,
 )
+from nightlab.search.strategies._base import stencil
 
 # --- factorial ------------------------------------------------------------------------------
 
@@ -121,7 +122,7 @@ def bowl3(knobs: dict[str, str]) -> float:
 
 
 def test_pattern_stencil_then_the_fitted_minimum_with_repeats() -> None:
-    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25, carry=False)  # carried repeats: the next test
     incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
     first = strategy.propose(incumbent, [], 16)
     # +-0.25 coded = +-0.125; Y sits at the top edge, so its stencil is one-sided
@@ -174,6 +175,69 @@ def test_pattern_after_a_crash_goes_only_to_the_better_run_and_ignores_noise() -
         ("0.375", "0.625"),
         ("0.375", "0.375"),
     ]
+
+
+def test_pattern_carries_a_one_run_winner_into_its_next_wave() -> None:
+    # a stencil point that wins on one run is within the noise (a keep needs two runs a side):
+    # its two more runs go with the next wave instead of a settle round of their own
+    incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    assert strategy.settles_in_next_wave
+    first = strategy.propose(incumbent, [], 16)
+    history = [Observation(f"e{i}", r, bowl3(r), wave=0) for i, r in enumerate(first)]
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    second = strategy.propose(incumbent, history, 16)
+    best = min(first, key=bowl3)  # Y one step down: 0.75
+    assert second[0] == second[1] == {"X": "0.7", "Y": "0.3", "Z": "0.5"}
+    assert second[2] == second[3] == best and best not in second[4:]
+    # the wave after it still follows the fitted stencil: the carried runs are left out of it
+    wave1 = [Observation(f"f{i}", r, bowl3(r), wave=1) for i, r in enumerate(second)]
+    third = strategy.propose(incumbent, history + wave1, 16)
+    assert third[0] == third[1] == {"X": "0.7", "Y": "0.3", "Z": "0.5"}  # the exact minimum stays
+    assert {"X": "0.7", "Y": "0.3", "Z": "0.5"} not in third[2:]
+    # after a wave that adopted, only a point that beats the new incumbent's figure is carried
+    adopted = [Observation(o.id, o.knobs, o.value, wave=0, adopted=o.knobs == best) for o in history]
+    strategy.observe_incumbent(best, [bowl3(best)] * 2)
+    assert best not in strategy.propose(best, adopted, 16)
+    point = second[0]
+    lucky = second[4]  # a stencil point of the fitted one, better than it on its one run
+    kept = [
+        Observation(o.id, o.knobs, 0.99 if o.knobs == lucky else bowl3(o.knobs), wave=1, adopted=o.id == "f0")
+        for o in wave1
+    ]
+    strategy.observe_incumbent(point, [bowl3(point)] * 2)
+    after = strategy.propose(point, history + kept, 16)
+    assert after.count(lucky) == 2
+    # nor with carry=False (the loop settles then)
+    plain = PatternStrategy(PATTERN_DIMS, step=0.25, carry=False)
+    plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    assert not plain.settles_in_next_wave and best not in plain.propose(incumbent, history, 16)
+
+
+def test_pattern_stencil_tries_every_list_level_and_the_edge_it_is_near() -> None:
+    dims = [parse_space("ACT=relu,gelu,relu2,swiglu"), parse_space("B2=uniform(0.0,1.0)")]
+    centre = {"ACT": "'relu'", "B2": "0.95"}  # coded 0.9: 0.1 from the top edge, a step is 0.25
+    # the plain stencil: two of the three other levels (swiglu never), and B2 only downwards
+    assert [(r["ACT"], r["B2"]) for r in stencil(dims, centre, 0.25, ["ACT", "B2"])] == [
+        ("'gelu'", "0.95"),
+        ("'relu2'", "0.95"),
+        ("'relu'", "0.825"),
+        ("'relu'", "0.7"),
+    ]
+    wide = stencil(dims, centre, 0.25, ["ACT", "B2"], all_levels=True, to_edge=True)
+    assert [(r["ACT"], r["B2"]) for r in wide] == [
+        ("'gelu'", "0.95"),
+        ("'relu2'", "0.95"),
+        ("'swiglu'", "0.95"),
+        ("'relu'", "1.0"),  # the edge itself, then a step down
+        ("'relu'", "0.825"),
+    ]
+    # at the edge (or within a quarter step of it) the stencil stays one-sided
+    at_edge = stencil(dims, {"ACT": "'relu'", "B2": "1.0"}, 0.25, ["B2"], to_edge=True)
+    assert [r["B2"] for r in at_edge] == ["0.875", "0.75"]
+    # pattern uses both
+    first = PatternStrategy(dims, step=0.25).propose(centre, [], 16)
+    assert first == wide
 
 
 def test_pattern_stops_after_misses_and_checks_options() -> None:

@@ -174,20 +174,22 @@ def test_pattern_measures_the_fitted_point_twice_in_one_snapshot(quick_lab):
         cwd=lab,
     )
     first, second = json.loads(proc.stdout)["waves"]
-    assert (first["proposed"], second["proposed"]) == (
-        2,
-        4,
-    )  # a stencil on LR; the fitted point x2 + a stencil
+    # a stencil on LR; the fitted point x2 + the first wave's best x2 (its repeats: a keep needs
+    # two runs, and pattern runs them with this wave, not in a settle round of their own)
+    assert (first["proposed"], second["proposed"]) == (2, 4)
+    assert first["adopted"] is None and first["verdict"] == "within-noise"
+    stencil = json.loads(nightlab("waves", first["wave"], "--json", cwd=lab).stdout)["experiments"]
+    assert [e["source"] for e in stencil] == ["search", "search"]  # no settle run
+    best = next(e["params"]["LR"] for e in stencil if e["id"] == first["best"]["id"])
     runs = json.loads(nightlab("waves", second["wave"], "--json", cwd=lab).stdout)["experiments"]
     by_point: dict[str, list[int]] = {}
     for e in runs:
         by_point.setdefault(e["params"]["LR"], []).append(e["seed"])
-    # the point listed twice is one submission with two seeds, not a duplicate refused;
+    # a point listed twice is one submission with two unused seeds, not a duplicate refused;
     # the parabola through the stencil finds the optimum of the synthetic target (LR = 0.02)
-    [(point, seeds)] = [(lr, seeds) for lr, seeds in by_point.items() if len(seeds) > 1]
+    assert by_point.pop(best) == [1, 2]
+    [(point, seeds)] = by_point.items()
     assert seeds == [0, 1] and abs(float(point) - 0.02) < 0.0005
-    del by_point[point]
-    assert sorted(len(seeds) for seeds in by_point.values()) == [1, 1]
 
 
 def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):

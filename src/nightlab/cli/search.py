@@ -101,7 +101,8 @@ def interrupted_message(lab) -> str:
     "--settle/--no-settle",
     default=True,
     show_default=True,
-    help="Whether or not to run the repeats that settle a within-noise best, once per wave.",
+    help="Whether or not to run the repeats that settle a within-noise best, once per wave "
+    "(pattern runs them with its next wave instead).",
 )
 @json_option
 @with_lab

@@ -82,6 +82,8 @@ def run_search(
         sampler: `tpe` or `gp` for the optuna strategy.
         settle: whether the best of a wave that is within the noise gets the repeats that would
             settle it, once per wave, when they fit in one round of the validation tier (at least 4).
+            `pattern` runs them with its next wave instead (`settles_in_next_wave`), without a
+            screening tier.
         effects_step: after each factorial wave, also run the combination its significant main
             effects predict (one more round of up to 4 runs); see `_LabLoop.effects_step`.
         on_wave: called with each wave's `WaveSummary`.
@@ -107,7 +109,7 @@ def run_search(
     options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better}
     if strategy == "optuna":
         options["sampler"] = sampler
-    make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
+    checked = make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
     size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
     plan = SearchPlan(
         strategy=strategy,
@@ -117,7 +119,9 @@ def run_search(
         wave_size=size,
         top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
         repeats=repeats,
-        settle=settle,
+        # pattern runs a within-noise best's repeats with its next wave: no round for them alone
+        # (with a screening tier, promoted candidates get their repeats on the validation tier)
+        settle=settle and not (checked.settles_in_next_wave and screen_tier is None),
         effects_step=effects_step,
     )
     loop = _LabLoop(lab, plan, dims, poll=poll, note=note, progress=progress)

@@ -80,6 +80,12 @@ class BaseStrategy(ABC):
         """The smallest wave `propose` can fill."""
         return 1
 
+    @property
+    def settles_in_next_wave(self) -> bool:
+        """Whether the strategy runs the repeats of a within-noise best in its next wave itself,
+        so the loop's settle round (a round for a few runs while the other workers wait) is skipped."""
+        return False
+
     @abstractmethod
     def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
         """Up to `k` distinct proposals (searched knob -> source text)."""
@@ -136,13 +142,23 @@ class _SteppedStrategy(BaseStrategy):
 
 
 def stencil(
-    dims: Sequence[Dimension], centre: Mapping[str, str], step: float, names: Sequence[str]
+    dims: Sequence[Dimension],
+    centre: Mapping[str, str],
+    step: float,
+    names: Sequence[str],
+    *,
+    all_levels: bool = False,
+    to_edge: bool = False,
 ) -> list[Knobs]:
     """Each named knob `step` coded units up and down from `centre` (one-sided at an edge).
 
     At an edge the two runs go the other way (+step and +2 step, or -step and -2 step); an
     integer knob that rounds back onto its value is widened until it moves; a list knob takes
-    the first two other values. Configurations equal to the centre or to each other are dropped.
+    the first two other values, or every other value with `all_levels` (a list has no order:
+    a level the first two never reach could be the best). With `to_edge`, a knob less than a step
+    (and more than a quarter step) from an edge is measured at the edge itself and a step the
+    other way: a narrow optimum at the edge is otherwise never measured from near it.
+    Configurations equal to the centre or to each other are dropped.
     """
     out: list[Knobs] = []
     keys = {_key(centre, dims)}
@@ -151,11 +167,15 @@ def stencil(
             continue
         current = parse_value(centre[dim.name])
         if isinstance(dim, Choice):
-            values = [v for v in dim.values if v != current][:2]
+            values = [v for v in dim.values if v != current][: None if all_levels else 2]
         else:
             c = dim.coded(current)
-            if c + step > 1:
-                offsets: tuple[float, float] = (-step, -2 * step)
+            if to_edge and step / 4 < 1 - c < step:  # near the top edge: the edge itself, and down
+                offsets: tuple[float, float] = (1 - c, -step)
+            elif to_edge and step / 4 < c + 1 < step:
+                offsets = (-1 - c, step)
+            elif c + step > 1:
+                offsets = (-step, -2 * step)
             elif c - step < -1:
                 offsets = (step, 2 * step)
             else:

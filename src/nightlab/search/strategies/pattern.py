@@ -38,6 +38,12 @@ class PatternStrategy(_SteppedStrategy):
 
     So every wave both follows the model and measures what the next step needs; the loop judges
     the centre (a mean of `replicas` runs) against the stencil points like any other candidates.
+    A keep needs two runs on each side, so a stencil point that wins on its one run is within the
+    noise: the last wave's best by mean, when it beats the incumbent's figure (the one the wave
+    adopted, if any) and is not the new centre, gets two more runs in the next wave (`carry`),
+    judged there with the others, instead of a settle round in which most workers wait
+    (`settles_in_next_wave`: `nightlab search` then skips its settle round). Stencils try every
+    other level of a list knob (`all_levels`) and, near an edge, the edge itself (`to_edge`).
     The step halves after every `patience` waves without an adoption; the search stops below
     `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
     decay) are crossed in a zig-zag, one knob-wise step per wave: a quadratic with interactions
@@ -50,6 +56,9 @@ class PatternStrategy(_SteppedStrategy):
         reach: how far the fitted step may go, in stencil half-widths.
         replicas: runs of each new centre.
         patience: waves without an adoption before the step halves.
+        carry: run the repeats of a wave's unsettled best with the next wave (see above).
+        all_levels: a list knob's stencil takes every other level, not the first two.
+        to_edge: a knob less than a step from an edge is measured at the edge.
     """
 
     name = "pattern"
@@ -65,14 +74,22 @@ class PatternStrategy(_SteppedStrategy):
         reach: float = 4.0,
         replicas: int = 2,
         patience: int = 2,
+        carry: bool = True,
+        all_levels: bool = True,
+        to_edge: bool = True,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
             raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
-        self.reach, self.replicas = reach, replicas
+        self.reach, self.replicas, self.carry = reach, replicas, carry
+        self.all_levels, self.to_edge = all_levels, to_edge
         self.patience = patience
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
+
+    @property
+    def settles_in_next_wave(self) -> bool:
+        return self.carry
 
     def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:
         self._figures[_key(knobs, self.dims)] = list(values)
@@ -89,6 +106,20 @@ class PatternStrategy(_SteppedStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
+        found = self._stencil_of(runs, history, last)
+        if found is None:
+            # the repeats of a carried configuration (`_unsettled`) were measured in an earlier
+            # wave: the stencil is the rest of the wave
+            earlier = {_key(o.knobs, self.dims) for o in history if o.wave < last}
+            rest = [o for o in runs if _key(o.knobs, self.dims) not in earlier]
+            if rest and len(rest) < len(runs):
+                found = self._stencil_of(rest, history, last)
+        return found
+
+    def _stencil_of(
+        self, runs: Sequence[Observation], history: Sequence[Observation], last: int
+    ) -> tuple[Knobs, list[Observation]] | None:
+        """The centre of these runs and the runs, when each moved at most one knob from it."""
         counts = {
             d.name: Counter(repr(parse_value(o.knobs[d.name])) for o in runs).most_common(2)
             for d in self.dims
@@ -123,7 +154,7 @@ class PatternStrategy(_SteppedStrategy):
             if len(diff) > 1:
                 return None
             moved.update(diff)
-        return (centre, runs) if moved else None
+        return (centre, list(runs)) if moved else None
 
     def _noise(self, history: Sequence[Observation]) -> float:
         return pooled_sd(replicate_groups(history, self.dims, self._figures).values())[0] or 0.0
@@ -182,11 +213,15 @@ class PatternStrategy(_SteppedStrategy):
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
-            return stencil(self.dims, incumbent, step, names)[:k]
+            return stencil(
+                self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
+            )[:k]
         centre, runs = last
         figure = self._values_at(_key(centre, self.dims), history)
         if not figure:
-            return stencil(self.dims, incumbent, step, names)[:k]
+            return stencil(
+                self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
+            )[:k]
         f0 = sum(figure) / len(figure)
         fitted = self._fitted_step(centre, runs, f0, self._noise(history))
         point = dict(centre)
@@ -202,6 +237,48 @@ class PatternStrategy(_SteppedStrategy):
         # Knobs the last stencil left out come first, then the ones with the most to gain.
         probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
-        per_knob = max(1, (k - repeats) // 2)
-        around = stencil(self.dims, point, step, order[:per_knob])
-        return ([point] * repeats + around)[:k]
+        best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if self.carry else None
+        carried = [] if best is None else [best, best]
+        per_knob = max(1, (k - repeats - len(carried)) // 2)
+        around = stencil(
+            self.dims, point, step, order[:per_knob], all_levels=self.all_levels, to_edge=self.to_edge
+        )
+        twice = {_key(c, self.dims) for c in carried}
+        around = [p for p in around if _key(p, self.dims) not in twice]
+        return ([point] * repeats + carried + around)[:k]
+
+    def _unsettled(
+        self, incumbent: Mapping[str, str], history: Sequence[Observation], skip: set
+    ) -> Knobs | None:
+        """The last wave's best configuration by mean when that mean beats the incumbent's figure
+        (the incumbent it adopted, if it did): it gets two more runs in the next wave.
+
+        A keep needs two runs on each side, so a stencil point that wins on one run is within the
+        noise. The loop's settle round would run its repeat while 14 of 16 workers wait; carried
+        into the next wave (listed twice: one snapshot, two fresh seeds) it costs two slots, and
+        the wave judges it against the incumbent with the wave's other candidates. A wave whose
+        fitted point was kept can still hold a better one-run point: it is carried too (the
+        settle round only ever settled a best that was not kept).
+        """
+        last = max(o.wave for o in history)
+        runs = [o for o in history if o.wave == last]
+        groups = replicate_groups(history, self.dims, self._figures)
+        figure = groups.get(_key(incumbent, self.dims), [])
+        if not figure:
+            return None
+        sign = 1.0 if self.lower_is_better else -1.0
+        f_inc = sum(figure) / len(figure)
+        gains: dict[tuple, tuple[float, Knobs]] = {}
+        for o in runs:
+            key = _key(o.knobs, self.dims)
+            values = groups.get(key, [])
+            if o.value is None or not values or key == _key(incumbent, self.dims):
+                continue
+            gain = sign * (f_inc - sum(values) / len(values))
+            if gain > 0:
+                gains[key] = (gain, {d.name: o.knobs[d.name] for d in self.dims})
+        if not gains:
+            return None
+        key, (_, knobs) = max(gains.items(), key=lambda item: item[1][0])
+        # only the wave's best, as the settle round; none when it is the next point (measured anyway)
+        return None if key in skip else knobs
