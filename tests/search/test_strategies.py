@@ -193,8 +193,10 @@ def test_pattern_carries_a_one_run_winner_into_its_next_wave() -> None:
     # the wave after it still follows the fitted stencil: the carried runs are left out of it
     wave1 = [Observation(f"f{i}", r, bowl3(r), wave=1) for i, r in enumerate(second)]
     third = strategy.propose(incumbent, history + wave1, 16)
-    assert third[0] == third[1] == {"X": "0.7", "Y": "0.3", "Z": "0.5"}  # the exact minimum stays
+    # (the exact minimum: nothing to follow, so it is the next centre, with two more runs)
+    assert third[0] == third[1] == {"X": "0.7", "Y": "0.3", "Z": "0.5"}
     assert {"X": "0.7", "Y": "0.3", "Z": "0.5"} not in third[2:]
+    assert all(sum(r[n] != third[0][n] for n in "XYZ") == 1 for r in third[2:])
     # after a wave that adopted, only a point that beats the new incumbent's figure is carried
     adopted = [Observation(o.id, o.knobs, o.value, wave=0, adopted=o.knobs == best) for o in history]
     strategy.observe_incumbent(best, [bowl3(best)] * 2)
@@ -212,6 +214,28 @@ def test_pattern_carries_a_one_run_winner_into_its_next_wave() -> None:
     plain = PatternStrategy(PATTERN_DIMS, step=0.25, carry=False)
     plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
     assert not plain.settles_in_next_wave and best not in plain.propose(incumbent, history, 16)
+
+
+def test_pattern_explores_from_the_unsettled_best_when_its_centre_crashed() -> None:
+    # the fitted point crashed, so the wave has no centre figure; the incumbent's own stencil was
+    # measured already: the next wave is the wave's one-run best twice and a stencil around it
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
+    first = strategy.propose(incumbent, [], 16)
+    history = [Observation(f"e{i}", r, bowl3(r), wave=0) for i, r in enumerate(first)]
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    second = strategy.propose(incumbent, history, 16)
+    crashed = [
+        Observation(f"f{i}", r, None if r == second[0] else bowl3(r), wave=1) for i, r in enumerate(second)
+    ]
+    third = strategy.propose(incumbent, history + crashed, 16)
+    best = min((o for o in crashed if o.value is not None), key=lambda o: o.value).knobs
+    assert third[:2] == [best, best] and best != incumbent
+    assert all(sum(r[n] != best[n] for n in "XYZ") == 1 for r in third[2:])  # its stencil
+    plain = PatternStrategy(PATTERN_DIMS, step=0.25, explore=False)
+    plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    again = plain.propose(incumbent, history + crashed, 16)  # the incumbent's stencil again
+    assert all(sum(r[n] != incumbent[n] for n in "XYZ") == 1 for r in again)
 
 
 def test_pattern_stencil_tries_every_list_level_and_the_edge_it_is_near() -> None:

@@ -42,7 +42,10 @@ class PatternStrategy(_SteppedStrategy):
     noise: the last wave's best by mean, when it beats the incumbent's figure (the one the wave
     adopted, if any) and is not the new centre, gets two more runs in the next wave (`carry`),
     judged there with the others, instead of a settle round in which most workers wait
-    (`settles_in_next_wave`: `nightlab search` then skips its settle round). Stencils try every
+    (`settles_in_next_wave`: `nightlab search` then skips its settle round). While that best is
+    unsettled the incumbent is the old one, whose stencil was measured already: when the last
+    centre crashed, or its fit points nowhere, the next wave explores from the unsettled best
+    instead (two more runs of it and a stencil around it; `explore`). Stencils try every
     other level of a list knob (`all_levels`) and, near an edge, the edge itself (`to_edge`).
     The step halves after every `patience` waves without an adoption; the search stops below
     `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
@@ -59,6 +62,7 @@ class PatternStrategy(_SteppedStrategy):
         carry: run the repeats of a wave's unsettled best with the next wave (see above).
         all_levels: a list knob's stencil takes every other level, not the first two.
         to_edge: a knob less than a step from an edge is measured at the edge.
+        explore: centre the wave on the unsettled best when the last centre gives no step.
     """
 
     name = "pattern"
@@ -77,12 +81,13 @@ class PatternStrategy(_SteppedStrategy):
         carry: bool = True,
         all_levels: bool = True,
         to_edge: bool = True,
+        explore: bool = True,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
             raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
         self.reach, self.replicas, self.carry = reach, replicas, carry
-        self.all_levels, self.to_edge = all_levels, to_edge
+        self.all_levels, self.to_edge, self.explore = all_levels, to_edge, explore
         self.patience = patience
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
@@ -218,20 +223,29 @@ class PatternStrategy(_SteppedStrategy):
             )[:k]
         centre, runs = last
         figure = self._values_at(_key(centre, self.dims), history)
-        if not figure:
-            return stencil(
-                self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
-            )[:k]
+        # the last wave's unsettled best: with `carry` the next wave explores from it, since the
+        # incumbent's own stencil was measured already (it would only reuse those runs)
+        provisional = self._unsettled(incumbent, history, set()) if self.carry and self.explore else None
+        if not figure:  # the centre crashed: a stencil around the best there is
+            if provisional is None:
+                return stencil(
+                    self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
+                )[:k]
+            around = stencil(
+                self.dims, provisional, step, names, all_levels=self.all_levels, to_edge=self.to_edge
+            )
+            return ([provisional, provisional] + around)[:k]
         f0 = sum(figure) / len(figure)
         fitted = self._fitted_step(centre, runs, f0, self._noise(history))
         point = dict(centre)
         for name, (value, _) in fitted.items():
             dim = next(d for d in self.dims if d.name == name)
             point[name] = dim.to_source(value)
-        if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the incumbent
-            point = dict(incumbent)
+        settling = False
+        if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the best
+            point, settling = dict(provisional or incumbent), provisional is not None
         have = len(self._values_at(_key(point, self.dims), history))
-        repeats = max(self.replicas - have, 0)
+        repeats = 2 if settling else max(self.replicas - have, 0)  # an unsettled best gets its runs
         if repeats == 1 and have:  # one more run would ask for seed 0 again, which is measured
             repeats = 2
         # Knobs the last stencil left out come first, then the ones with the most to gain.
