@@ -26,7 +26,7 @@ retired from judging (kept to reproduce the recorded figures).
 
 The loop is the real `search.strategies.run_loop` with the real strategies and the real verdict
 rule (`decide.best_of_wave`, the noise floor pooled over repeated configurations, the settle
-repeats once per wave, duplicate proposals reusing the earlier run as `waves.submit_wave` does),
+repeats once per wave (none for pattern, which runs them with its next wave, as `nightlab search`), duplicate proposals reusing the earlier run as `waves.submit_wave` does),
 driven by an in-memory lab instead of the ledger, git and processes: a wave costs milliseconds,
 so the whole family runs on a 2-core box. Time is simulated: a run's time comes from the member,
 a round of runs is scheduled on the workers (a run starts on the first free worker, in order), and
