@@ -16,6 +16,16 @@ out the batch's first `sky exec` (paid once per batch, however long the batch).
 The gap per run is the time a worker held no running experiment between two runs (job start
 from `run_dir/sky.json`, end from the ledger). Goal (issue 14): efficiency >= 0.95 pipelined.
 
+Where a worker's held time goes (`breakdown`, medians per run; each worker's runs in start order):
+`in_run_s` = `nightlab-start:` -> `nightlab-end:` (the command) minus its training seconds;
+`handover_s` = one command's end -> the next one's `nightlab-start:` on the same worker, split
+into `post_s` (command end -> SkyPilot's end of its job: the run script's code hash, the job step
+and driver ending), `skypilot_s` (that job's end -> SkyPilot's start of the next one: the next
+job step created, its executor started) and `pre_s` (-> `nightlab-start:`: the run script's
+unpacking, GPU probe and run lock); per batch: `first_start_s` (the first lease -> each worker's
+first start: its first `sky exec`, mean), `record_s` (the last command's end -> its end in the
+ledger) and `idle_end_s` (a worker that finished before the other, mean).
+
 Usage (as root, like the tests; brings up and tears down the local cluster):
     .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--pipeline true false]
 """
@@ -83,6 +93,7 @@ def batch(
             break
         time.sleep(2)
     nightlab("fleet", "stop", cwd=lab, env=env, timeout=300)
+    sky_jobs = _sky_jobs(lab, env)
     with open_ledger(lab) as ledger:
         exps = {e.id: e for e in ledger.experiments(with_metrics=True) if e.id in ids}
         tries = [a for i in ids for a in ledger.attempts(i)]
@@ -91,18 +102,57 @@ def batch(
     first, last = min(a.started_at for a in tries), max(a.ended_at or time.time() for a in tries)
     held = 2 * (last - first)
     gaps, runs_s, first_start, steady = [], [], [], 0.0
+    parts: dict[str, list[float]] = {
+        k: [] for k in ("in_run_s", "handover_s", "post_s", "skypilot_s", "pre_s")
+    }
+    worker_ends = []
     for worker in {a.worker for a in tries}:
         spans = []
         for a in tries:
             if a.worker != worker or a.ended_at is None:
                 continue
             saved = json.loads((Path(a.log_path).with_name("sky.json")).read_text())
-            spans.append((float(saved.get("started_at", a.started_at)), a.ended_at))
-        spans.sort()
+            job = sky_jobs.get(f"nightlab-{a.experiment_id}-a{a.number}", {})
+            training = float(exps[a.experiment_id].metrics.get("training_seconds", 0.0))
+            spans.append(
+                (
+                    float(saved.get("started_at", a.started_at)),
+                    a.ended_at,
+                    saved.get("command_ended_at"),
+                    job,
+                    training,
+                )
+            )
+        spans.sort(key=lambda span: span[0])
         gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
-        runs_s += [end - start for start, end in spans]
+        runs_s += [span[1] - span[0] for span in spans]
         first_start.append(spans[0][0] - first)  # the first `sky exec` of the batch: paid once
-        steady += max(end for _, end in spans) - spans[0][0]
+        steady += max(span[1] for span in spans) - spans[0][0]
+        worker_ends.append(max(span[1] for span in spans))
+        for start, _, command_end, _, training in spans:
+            if command_end is not None:
+                parts["in_run_s"].append(command_end - start - training)
+        for (_, _, end, job, _), (start, _, _, nxt, _) in zip(spans, spans[1:], strict=False):
+            if end is None:
+                continue
+            parts["handover_s"].append(start - end)
+            if job.get("end_at") and nxt.get("start_at"):
+                parts["post_s"].append(job["end_at"] - end)
+                parts["skypilot_s"].append(nxt["start_at"] - job["end_at"])
+                parts["pre_s"].append(start - nxt["start_at"])
+    ends = []
+    for a in tries:
+        if a.ended_at is not None and a.log_path:
+            saved = json.loads((Path(a.log_path).with_name("sky.json")).read_text())
+            if saved.get("command_ended_at"):
+                ends.append((a.ended_at, float(saved["command_ended_at"])))
+    last_command_end = max(ends)[1] if ends else last
+    breakdown = {k: round(statistics.median(v), 2) if v else None for k, v in parts.items()}
+    breakdown["first_start_s"] = round(statistics.mean(first_start), 1) if first_start else None
+    breakdown["record_s"] = round(last - last_command_end, 2)
+    breakdown["idle_end_s"] = (
+        round(statistics.mean(last - e for e in worker_ends), 1) if worker_ends else None
+    )
     return {
         "pipeline": pipeline,
         "runs": runs,
@@ -119,9 +169,38 @@ def batch(
         "first_start_s": round(statistics.mean(first_start), 1) if first_start else 0.0,
         # the same, from each worker's first job start: what the batch's first `sky exec` leaves out
         "efficiency_from_first_start": round(training / steady, 3) if steady else 0.0,
+        "breakdown": breakdown,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
     }
+
+
+def _sky_jobs(lab: Path, env: dict[str, str]) -> dict[str, dict[str, float | None]]:
+    """SkyPilot's own start and end of every job on the lab's clusters, by job name."""
+    from nightlab.fleet.skypilot import cluster_name
+
+    names = [cluster_name(lab, f"slurm-slurm-{i}") for i in range(2)]
+    code = (
+        "import json, sys, sky\n"
+        "out = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    for j in sky.get(sky.queue(name, skip_finished=False)):\n"
+        "        j = j if isinstance(j, dict) else j.model_dump()\n"
+        "        out[j['job_name']] = {'start_at': j.get('start_at'), 'end_at': j.get('end_at')}\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *names],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if proc.returncode != 0:
+        print(f"sky queue failed: {proc.stderr[-500:]}", file=sys.stderr)
+        return {}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

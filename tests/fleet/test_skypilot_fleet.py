@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -904,6 +905,42 @@ def test_an_exec_slower_than_one_run_is_hidden_by_a_queue_two_deep(make_lab, tmp
     # after the first two execs, each next run started as the one before ended, not an exec later
     gaps = [after.started_at - before.ended_at for before, after in zip(jobs[1:], jobs[2:], strict=False)]
     assert max(gaps) < exec_s / 2, gaps
+
+
+TWO_WORKERS = ONE_WORKER.replace("workers = 1", "workers = 2")
+
+
+def test_each_cluster_s_first_exec_goes_ahead_of_the_queued_ones(
+    make_lab, tmp_path, monkeypatch, fast, capsys
+):
+    """Issue 14: 3 execs per cluster at once made the first one, that a GPU idles for, 2-3x slower."""
+    import sky
+
+    fake = FakeSky(tmp_path / "slow", scale=SCALE, exec_seconds=0.4 / SCALE).install(monkeypatch)
+    issued: list[tuple[float, str]] = []
+
+    def exec_(task, cluster_name=None, **kwargs):
+        issued.append((time.time(), cluster_name))
+        return fake.exec(task, cluster_name=cluster_name, **kwargs)
+
+    monkeypatch.setattr(sky, "exec", exec_)
+    lab = make_lab(1, timeout=20, extra_pools=TWO_WORKERS)
+    assert cli(capsys, "fleet", "up", "--lab", str(lab))[0] == 0  # as a night starts: both clusters up
+    ids = [submit(lab, f"run {i}", "h200", SLEEP="1", LR=f"0.0{i + 1}") for i in range(6)]
+    with ControllerThread(lab):
+        exps = finished(lab, ids, timeout=90)
+    assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
+    assert all(len(attempts(lab, i)) == 1 for i in ids)  # exactly once
+    jobs = _jobs_of(fake)
+    assert len(jobs) == 2 and all(len(j) == 3 for j in jobs.values())
+    # both clusters' first execs went out first, and every other one only after both had landed
+    firsts = {c for _, c in issued[:2]}
+    assert len(firsts) == 2, issued
+    landed = max(min(j.submitted_at for j in js) for js in jobs.values())
+    assert all(at >= landed for at, _ in issued[2:]), (issued, landed)
+    # the queued ones still reached the cluster queue while the first run ran
+    for js in jobs.values():
+        assert min(j.submitted_at for j in js[1:]) < js[0].ended_at
 
 
 def test_a_lost_cluster_ends_every_queued_attempt_as_infra_once_and_the_other_worker_reruns_them(

@@ -277,7 +277,8 @@ def test_the_snapshot_travels_inside_the_job_byte_identical(tmp_path):
     text, tags = sky_task.clean_job_log(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert digest in text and "hi\n" in text and f"{home}/sky_workdir" in text
-    assert tags.pop("start") and tags == {"gpu": "none", "exit": "0", "code": "none"}  # no nightlab venv here
+    start, end = float(tags.pop("start")), float(tags.pop("end"))  # the command's start and end
+    assert start <= end and tags == {"gpu": "none", "exit": "0", "code": "none"}  # no nightlab venv here
     assert not (home / "nightlab" / "runs" / "e0007-a2").exists()  # the run cleans up after itself
 
 

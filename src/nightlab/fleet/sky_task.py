@@ -165,6 +165,7 @@ else
   timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND" 2>&1
 fi
 code=$?
+echo "nightlab-end: $(date +%s.%N)"
 # the experiment is over: a queued one may start while this one reports (the code hash is a
 # python start-up, seconds on a loaded box; where SkyPilot's scheduler queues the next job
 # until this one exits, as it does for jobs asking for a GPU, it still waits for it)
@@ -349,7 +350,7 @@ _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
 # Unanchored, last occurrence: a run that ends with half a line (no newline) would otherwise swallow the
 # run script's next tag. A tag's authority is its order (the run script prints last), not its column.
-_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score|start): ?(.*?)\s*$")
+_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score|start|end): ?(.*?)\s*$")
 
 
 OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix

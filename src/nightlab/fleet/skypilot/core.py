@@ -55,6 +55,9 @@ QUEUE_DEPTH = 2
 # and a job that lands after one empty look would run unobserved beside the run's retry
 # (tests/skypilot_real: a SIGKILL 0.1 s after a lease, with two runs queued per cluster)
 FIND_PATIENCE = 150.0
+# seconds a queued run's `sky exec` waits for the first exec of an idle cluster to land before it
+# goes anyway (`Jobs._wait_turn`): one run's time to land is usually far longer than the wait
+EXEC_PRIORITY_WAIT = 120.0
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")

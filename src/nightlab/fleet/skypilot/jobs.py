@@ -11,6 +11,7 @@ its jobs again by the saved id, or by job name when the exec was in flight.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -53,6 +54,15 @@ class Run:
     started_at: float | None = None  # when the run script got the cluster (`nightlab-start:`)
     streams: int = 0  # log streams started (one normally; the monitor restarts a broken one)
     streaming: bool = False
+    seq: int = 0  # lease order (`Jobs.add`)
+    submitting: bool = False  # `submit` owns it (not a re-attached run looking for its job)
+
+
+def _stamp(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 class Jobs:
@@ -63,13 +73,14 @@ class Jobs:
         self.clusters = clusters
         self.runs: dict[str, Run] = {}
         self._monitor: threading.Thread | None = None
+        self._seq = itertools.count(1)
 
     def get(self, spec: RunSpec) -> Run | None:
         with self.shared.lock:
             return self.runs.get(run_key(spec))
 
     def add(self, spec: RunSpec, cluster: Cluster) -> Run:
-        run = Run(run_key(spec), spec, cluster)
+        run = Run(run_key(spec), spec, cluster, seq=next(self._seq), submitting=True)
         with self.shared.lock:
             self.runs[run.key] = run
         return run
@@ -95,7 +106,7 @@ class Jobs:
         """Wait for the cluster, `sky.exec` the task, and follow the job (a thread's body)."""
         cluster, sdk = run.cluster, self.shared.sdk
         for _ in range(2):  # a cluster found stopped (autostop) at exec time is relaunched once
-            if not self._wait_up(run):
+            if not self._wait_up(run) or not self._wait_turn(run):
                 return
             try:
                 request = sdk.exec(task, cluster_name=cluster.name)
@@ -166,6 +177,45 @@ class Jobs:
                     return False
                 self.clusters.ensure(cluster)
                 cluster.changed.wait(timeout=1.0)
+
+    def _wait_turn(self, run: Run) -> bool:
+        """Wait while an idle cluster's first exec is in flight, unless this run is one (see `_urgent`).
+
+        A fleet's lease fills every worker's queue at once: 3 execs per cluster at the same
+        moment on the API server made each cluster's first one, the only one a GPU idles for,
+        take 20-37 s instead of 10-13 (issue 14, 2 workers on a 2-core box). The queued ones
+        have a whole run's time to land; one never waits longer than `core.EXEC_PRIORITY_WAIT`
+        (an exec that hangs must not hold the others). False ends the run (killed, or the
+        backend stopped).
+        """
+        deadline = time.time() + core.EXEC_PRIORITY_WAIT
+        while True:
+            with self.shared.lock:
+                kill = run.kill_requested
+                urgent = self._urgent()
+            if kill or self.shared.stop.is_set():
+                self._end(run, RunExit(None, detail="stopped before it started"))
+                return False
+            if not urgent or any(r is run for r in urgent) or time.time() > deadline:
+                return True
+            self.shared.stop.wait(0.05)
+
+    def _urgent(self) -> list[Run]:
+        """Per up cluster with no job of ours, its earliest run still to be exec'd (caller holds the lock)."""
+        first: dict[str, Run] = {}
+        busy = set()
+        for run in self.runs.values():
+            name = run.cluster.name
+            if run.state in ("running", "fetching"):
+                busy.add(name)
+            elif (
+                run.state == "waiting"
+                and run.submitting
+                and not run.kill_requested
+                and (name not in first or run.seq < first[name].seq)
+            ):
+                first[name] = run
+        return [r for name, r in first.items() if name not in busy and r.cluster.state == "up"]
 
     def cancel(self, run: Run) -> None:
         sdk = self.shared.sdk
@@ -339,6 +389,8 @@ class Jobs:
         def on_tag(key: str, value: str) -> None:
             if key == "start":
                 self._started(run, value)
+            elif key == "end":  # when the command ended, by the worker's clock (bench/fleet_real.py)
+                self._save(run, command_ended_at=_stamp(value))
 
         sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running", on_tag=on_tag)
         try:
