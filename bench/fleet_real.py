@@ -113,14 +113,14 @@ def batch(
                 continue
             saved = json.loads((Path(a.log_path).with_name("sky.json")).read_text())
             job = sky_jobs.get(f"nightlab-{a.experiment_id}-a{a.number}", {})
-            training = float(exps[a.experiment_id].metrics.get("training_seconds", 0.0))
+            trained = float(exps[a.experiment_id].metrics.get("training_seconds", 0.0))
             spans.append(
                 (
                     float(saved.get("started_at", a.started_at)),
                     a.ended_at,
                     saved.get("command_ended_at"),
                     job,
-                    training,
+                    trained,
                 )
             )
         spans.sort(key=lambda span: span[0])
@@ -129,9 +129,9 @@ def batch(
         first_start.append(spans[0][0] - first)  # the first `sky exec` of the batch: paid once
         steady += max(span[1] for span in spans) - spans[0][0]
         worker_ends.append(max(span[1] for span in spans))
-        for start, _, command_end, _, training in spans:
+        for start, _, command_end, _, trained in spans:
             if command_end is not None:
-                parts["in_run_s"].append(command_end - start - training)
+                parts["in_run_s"].append(command_end - start - trained)
         for (_, _, end, job, _), (start, _, _, nxt, _) in zip(spans, spans[1:], strict=False):
             if end is None:
                 continue

@@ -67,11 +67,15 @@ def check_wal(db_path: Path) -> str | None:
     wal = Path(str(db_path) + "-wal")
     shm = Path(str(db_path) + "-shm")
     try:
+        # the index before the log: a writer puts frames on disk before the index counts them,
+        # so a log read after its index holds at least what that index says; read the other
+        # way round, a commit landing between the two reads looked like a cut log (seen under
+        # load: a reader's open refused while the controller wrote)
+        with open(shm, "rb") as f:
+            index = f.read(96)
         with open(wal, "rb") as f:
             header = f.read(WAL_HEADER)
             size = f.seek(0, os.SEEK_END)
-        with open(shm, "rb") as f:
-            index = f.read(96)
     except FileNotFoundError:
         return None
     if len(index) < 96 or index[:48] != index[48:96]:
