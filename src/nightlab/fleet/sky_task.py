@@ -148,8 +148,9 @@ unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
 # One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
-# (a job that asks for no GPU asks for one CPU): the next one, queued early so the GPU never
-# idles between runs, waits here with its snapshot unpacked. Its budget starts at
+# (on Ray-based infra a fractional request could share a GPU; on Slurm each job is an exclusive
+# step that asks for the GPU and every CPU of the cluster, so Slurm already serialises them):
+# a next one that starts early waits here with its snapshot unpacked. Its budget starts at
 # `nightlab-start:`, not at `sky exec`. The run inherits the lock: a process it leaves behind
 # keeps the next one waiting.
 exec 9>"$HOME/.nightlab-run.lock"
@@ -166,9 +167,9 @@ else
 fi
 code=$?
 echo "nightlab-end: $(date +%s.%N)"
-# the experiment is over: a queued one may start while this one reports (the code hash is a
-# python start-up, seconds on a loaded box; where SkyPilot's scheduler queues the next job
-# until this one exits, as it does for jobs asking for a GPU, it still waits for it)
+# the experiment is over: a next job waiting at the lock may start while this one reports (the
+# code hash is a python start-up, seconds on a loaded box); on Slurm the next job's step waits
+# for this whole job to exit instead (docs/skypilot.md, "Pipelining")
 exec 9>&-
 cd "$HOME"
 # the code hash of the nightlab this run imported, taken after the run so that a run which

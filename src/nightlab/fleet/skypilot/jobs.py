@@ -59,6 +59,7 @@ class Run:
 
 
 def _stamp(value: str) -> float | None:
+    """A `date +%s.%N` stamp the run script printed, or None when it is not one."""
     try:
         return float(value)
     except ValueError:
@@ -147,10 +148,7 @@ class Jobs:
         otherwise the moment we saw the line.
         """
         now = time.time()
-        try:
-            remote = float(stamp) if stamp is not None else None
-        except ValueError:
-            remote = None
+        remote = _stamp(stamp) if stamp is not None else None
         plausible = remote is not None and now - run.spec.timeout - 60 < remote <= now
         at = remote if plausible else now
         with self.shared.lock:

@@ -161,6 +161,9 @@ class PatternStrategy(_SteppedStrategy):
             moved.update(diff)
         return (centre, list(runs)) if moved else None
 
+    def _stencil(self, centre: Mapping[str, str], step: float, names: Sequence[str]) -> list[Knobs]:
+        return stencil(self.dims, centre, step, names, all_levels=self.all_levels, to_edge=self.to_edge)
+
     def _noise(self, history: Sequence[Observation]) -> float:
         return pooled_sd(replicate_groups(history, self.dims, self._figures).values())[0] or 0.0
 
@@ -218,9 +221,7 @@ class PatternStrategy(_SteppedStrategy):
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
-            return stencil(
-                self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
-            )[:k]
+            return self._stencil(incumbent, step, names)[:k]
         centre, runs = last
         figure = self._values_at(_key(centre, self.dims), history)
         # the last wave's unsettled best: with `carry` the next wave explores from it, since the
@@ -228,13 +229,8 @@ class PatternStrategy(_SteppedStrategy):
         provisional = self._unsettled(incumbent, history, set()) if self.carry and self.explore else None
         if not figure:  # the centre crashed: a stencil around the best there is
             if provisional is None:
-                return stencil(
-                    self.dims, incumbent, step, names, all_levels=self.all_levels, to_edge=self.to_edge
-                )[:k]
-            around = stencil(
-                self.dims, provisional, step, names, all_levels=self.all_levels, to_edge=self.to_edge
-            )
-            return ([provisional, provisional] + around)[:k]
+                return self._stencil(incumbent, step, names)[:k]
+            return ([provisional, provisional] + self._stencil(provisional, step, names))[:k]
         f0 = sum(figure) / len(figure)
         fitted = self._fitted_step(centre, runs, f0, self._noise(history))
         point = dict(centre)
@@ -254,9 +250,7 @@ class PatternStrategy(_SteppedStrategy):
         best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if self.carry else None
         carried = [] if best is None else [best, best]
         per_knob = max(1, (k - repeats - len(carried)) // 2)
-        around = stencil(
-            self.dims, point, step, order[:per_knob], all_levels=self.all_levels, to_edge=self.to_edge
-        )
+        around = self._stencil(point, step, order[:per_knob])
         twice = {_key(c, self.dims) for c in carried}
         around = [p for p in around if _key(p, self.dims) not in twice]
         return ([point] * repeats + carried + around)[:k]
