@@ -352,6 +352,26 @@ def test_timeout_cancels_the_job(sky_lab, fake):
     backend.close()
 
 
+def test_a_cancel_that_lands_while_the_job_is_still_queueing_is_sent_again(
+    sky_lab, tmp_path, monkeypatch, fast
+):
+    # on Slurm `sky exec` answers while the job is still INIT; SkyPilot's cancel then cancels
+    # nothing and the job runs on to its own limit (the CI failure of the real conformance suite)
+    fake = FakeSky(tmp_path / "slow", scale=SCALE, queue_seconds=0.5 / SCALE).install(monkeypatch)
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    eid = submit(lab, "hang", "h100", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: backend.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
+    backend.kill(slot, spec, handle)
+    ended = _wait_exit(backend, slot, spec, handle, timeout=10)
+    assert ended.exit_code is None and not ended.lost and ended.detail == "job cancelled"
+    assert fake.count("cancel") >= 2  # the first one found the job INIT
+    backend.close()
+
+
 def test_log_retrieval_is_retried_then_infra(sky_lab, fake):
     lab = sky_lab()
     backend = _backend(lab, fake, log_retries=3)

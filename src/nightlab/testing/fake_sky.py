@@ -15,7 +15,10 @@ bash with the task's envs and HOME set to the cluster's directory, and every out
 goes to the job log with SkyPilot's `(name, pid=N) ` prefix. So the backend's payload,
 run script, timeout, summary and exit status are all exercised end to end. Jobs on one
 cluster run one at a time (each asks for the cluster's GPU); later ones wait PENDING, as
-in SkyPilot's job queue. Set-up is simulated (a delay), not run.
+in SkyPilot's job queue. As on a Slurm cluster, `sky exec` answers with the job id while the
+job is still INIT (its submission goes on in the background for `queue_seconds`), and a cancel
+of an INIT job does nothing, as SkyPilot's does ("No jobs cancelled"). Set-up is simulated (a
+delay), not run.
 
 Faults: `fail_setup(cluster)`, `no_capacity(cluster)`, `preempt(cluster)`,
 `preempt_job(name_part, after)`, `fail_logs(times)`, `fail_status(times)`. Autostop: a cluster with no running
@@ -54,6 +57,8 @@ from sky import exceptions
 GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "A100": "NVIDIA A100-SXM4-80GB"}
 # Illustrative on-demand prices ($/h for one GPU); a real handle prices from SkyPilot's catalog.
 PRICES = {"H100": 2.99, "H200": 3.79, "A100": 1.79}
+# what SkyPilot's cancel acts on (job_lib.cancel_jobs): not INIT, not a terminal status
+CANCELLABLE = (sky.JobStatus.PENDING, sky.JobStatus.SETTING_UP, sky.JobStatus.RUNNING)
 SDK_CALLS = (
     "launch",
     "exec",
@@ -121,7 +126,8 @@ class FakeSky:
         scale: multiplies every latency below (seconds of the real thing).
         launch_seconds: provisioning time of a cluster.
         setup_seconds: the set-up script's time.
-        exec_seconds: from `sky.exec` to the job being queued on the cluster.
+        exec_seconds: from `sky.exec` to its answer (the job id; the job is INIT).
+        queue_seconds: from that answer to the job being queued (PENDING) on the cluster.
         request_seconds: the API server's answer time for the small calls.
     """
 
@@ -133,6 +139,7 @@ class FakeSky:
         launch_seconds: float = 180.0,
         setup_seconds: float = 120.0,
         exec_seconds: float = 5.0,
+        queue_seconds: float = 1.0,
         request_seconds: float = 0.5,
     ) -> None:
         self.root = Path(root)
@@ -140,6 +147,7 @@ class FakeSky:
         self.launch_seconds = launch_seconds
         self.setup_seconds = setup_seconds
         self.exec_seconds = exec_seconds
+        self.queue_seconds = queue_seconds
         self.request_seconds = request_seconds
         self.clusters: dict[str, FakeCluster] = {}
         self.calls: list[tuple[str, tuple, dict]] = []
@@ -372,7 +380,7 @@ class FakeSky:
             c = self._up(cluster_name)
             for i in job_ids or []:
                 job = c.jobs.get(i)
-                if job is not None and not job.status.is_terminal():
+                if job is not None and job.status in CANCELLABLE:
                     self._kill(job)
                     job.status = sky.JobStatus.CANCELLED
 
@@ -506,13 +514,19 @@ class FakeSky:
 
     def _add_job(self, c: FakeCluster, task: Any, *, setup: bool) -> FakeJob:
         with self._lock:
-            job = FakeJob(id=max(c.jobs, default=0) + 1, name=task.name or "task", task=task)
+            status = sky.JobStatus.PENDING if setup else sky.JobStatus.INIT
+            job = FakeJob(id=max(c.jobs, default=0) + 1, name=task.name or "task", task=task, status=status)
             c.jobs[job.id] = job
             c.idle_since = time.time()
         threading.Thread(target=self._run_job, args=(c, job, setup), daemon=True).start()
         return job
 
     def _run_job(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
+        if job.status == sky.JobStatus.INIT:  # the exec's submission, still in the background
+            time.sleep(self.queue_seconds * self.scale)
+            with self._lock:
+                if job.status == sky.JobStatus.INIT:
+                    job.status = sky.JobStatus.PENDING
         # every job asks for the cluster's accelerators, so they run one after another
         while not c.gpu.acquire(timeout=0.01):
             if job.status.is_terminal():  # cancelled, or its cluster preempted, while queued

@@ -30,7 +30,8 @@ Failure mapping (the runner's classes):
     job fails with a traceback         crash:<class> from the log, like a local run
     cluster no longer up / preempted   infra: the experiment is requeued on another worker,
                                        and the cluster is relaunched when work needs it
-    controller deadline reached        the job is cancelled (`sky.cancel`): timeout
+    controller deadline reached        the job is cancelled (`sky.cancel`, sent again while
+                                       the job goes on): timeout
     log cannot be read                 retried `log_retries` times with backoff, then infra
 
 The controller should ask `available(slot)` before leasing to a slot: a cluster that is

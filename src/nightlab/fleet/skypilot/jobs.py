@@ -56,6 +56,8 @@ class Run:
     streaming: bool = False
     seq: int = 0  # lease order (`Jobs.add`)
     submitting: bool = False  # `submit` owns it (not a re-attached run looking for its job)
+    cancelling: bool = False  # a cancel of its job is in flight
+    cancel_answered: float | None = None  # when SkyPilot last answered one
 
 
 def _stamp(value: str) -> float | None:
@@ -216,11 +218,19 @@ class Jobs:
         return [r for name, r in first.items() if name not in busy and r.cluster.state == "up"]
 
     def cancel(self, run: Run) -> None:
+        """Ask SkyPilot to cancel the run's job; the monitor asks again while the job goes on."""
         sdk = self.shared.sdk
+        with self.shared.lock:
+            if run.cancelling:
+                return
+            run.cancelling = True
         try:
             sdk.get(sdk.cancel(run.cluster.name, job_ids=[run.job_id]))
         except Exception as e:  # the job may have ended or its cluster gone: the monitor sees it
             log.info("cancel of job %s on %s: %s", run.job_id, run.cluster.name, e)
+        finally:
+            with self.shared.lock:
+                run.cancelling, run.cancel_answered = False, time.time()
 
     # ------------------------------------------------------------------ re-attaching
 
@@ -309,7 +319,7 @@ class Jobs:
             for run in self.runs.values():
                 if run.state == "running":
                     by_cluster.setdefault(run.cluster.name, []).append(run)
-        requests = {}
+        requests, asked = {}, time.time()
         for name, runs in by_cluster.items():
             try:
                 requests[name] = sdk.job_status(name, [r.job_id for r in runs])
@@ -348,6 +358,21 @@ class Jobs:
                             continue
                         run.state = "fetching"
                     self.shared.thread(self._fetch, run, status)
+                else:
+                    self._cancel_again(run, asked)
+
+    def _cancel_again(self, run: Run, asked: float) -> None:
+        """Cancel a killed run's job again: its status, read after the last cancel's answer, is not terminal.
+
+        On Slurm `sky exec` answers while its job is still INIT, and SkyPilot's cancel of an
+        INIT job cancels nothing ("No jobs cancelled"): the job would run on to its own limit,
+        holding the GPU (the real conformance suite's `timeout` scenario, once in CI).
+        """
+        with self.shared.lock:
+            answered = run.cancel_answered
+            due = run.kill_requested and not run.cancelling and answered is not None and answered < asked
+        if due:
+            self.shared.thread(self.cancel, run)
 
     def _status_failed(self, runs: list[Run], error: BaseException) -> None:
         cluster = runs[0].cluster
