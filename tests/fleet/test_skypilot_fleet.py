@@ -347,8 +347,8 @@ def test_timeout_cancels_the_job(sky_lab, fake):
     backend.kill(slot, spec, handle)  # what the controller does at the deadline
     ended = _wait_exit(backend, slot, spec, handle)
     assert ended.exit_code is None and not ended.lost
-    (cancel,) = [c for c in fake.calls if c[0] == "cancel"]
-    assert cancel[1][1] == [backend.jobs.runs[f"{eid}/1"].job_id]
+    cancels = [c for c in fake.calls if c[0] == "cancel"]
+    assert cancels and all(c[1][1] == [backend.jobs.runs[f"{eid}/1"].job_id] for c in cancels)
     backend.close()
 
 
@@ -591,7 +591,8 @@ def test_a_restarted_controller_finds_a_job_by_name_and_can_kill_it(sky_lab, fak
     second.kill(slot, spec, handle)
     ended = _wait_exit(second, slot, spec, handle)
     assert ended.exit_code is None and not ended.lost
-    assert fake.count("queue") == 1 and fake.count("cancel") == 1
+    # a second cancel when the first reached the job still INIT (see the test below)
+    assert fake.count("queue") == 1 and fake.count("cancel") >= 1
     second.close()
 
 
