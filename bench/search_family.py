@@ -19,10 +19,11 @@ Each strategy (16 workers) then runs until its incumbent's noise-free value reac
 adoption whose noise-free value is worse than the incumbent it replaced.
 
 Sets (so no tuning reads the held-out one): `dev` = members d0-d11 and sim, seeds 0-19;
-`heldout5` = members h32-h39 (member seeds 1032-1039), seeds 500-519. Tune on dev only.
-`heldout` = h0-h7, seeds 100-119, `heldout2` = h8-h15, seeds 200-219, `heldout3` = h16-h23,
-seeds 300-319 and `heldout4` = h24-h31, seeds 400-419 were read by earlier reports and are
-retired from judging (kept to reproduce the recorded figures).
+`heldout6` = members h40-h47 (member seeds 1040-1047), seeds 600-619: new in session 5, no
+tuning read it. Tune on dev only. `heldout` = h0-h7, seeds 100-119, `heldout2` = h8-h15, seeds
+200-219, `heldout3` = h16-h23, seeds 300-319, `heldout4` = h24-h31, seeds 400-419 and `heldout5` =
+h32-h39, seeds 500-519 were read by earlier reports and are retired from judging (kept to
+reproduce the recorded figures).
 
 The loop is the real `search.strategies.run_loop` with the real strategies and the real verdict
 rule (`decide.best_of_wave`, the noise floor pooled over repeated configurations, the settle
@@ -41,7 +42,7 @@ candidates of the wave in which they end, judged against the incumbent of that m
 z of that wave's size). Only whole configurations are judged, each against the incumbent it would
 replace, so the verdict rule is the synchronous one.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--option NAME=VALUE ...] [--json out.json] [--verbose]
 """
@@ -354,6 +355,10 @@ HELDOUT4_MEMBERS = [f"h{i}" for i in range(24, 32)]
 # fix (`explore`) is judged on `heldout5` (h32-h39 = member seeds 1032-1039, seeds 500-519),
 # read once, at the end.
 HELDOUT5_MEMBERS = [f"h{i}" for i in range(32, 40)]
+# `heldout5` was read once, for that version (2026-12-01 19:45). `heldout6` (h40-h47 = member
+# seeds 1040-1047, seeds 600-619) judges pattern's opening that measures every knob (`cover`),
+# tuned on dev after it, read once, at the end (issue 17, session 5).
+HELDOUT6_MEMBERS = [f"h{i}" for i in range(40, 48)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -361,6 +366,7 @@ SETS = {
     "heldout3": (HELDOUT3_MEMBERS, range(300, 320)),
     "heldout4": (HELDOUT4_MEMBERS, range(400, 420)),
     "heldout5": (HELDOUT5_MEMBERS, range(500, 520)),
+    "heldout6": (HELDOUT6_MEMBERS, range(600, 620)),
 }
 
 
@@ -372,7 +378,7 @@ def member(name: str) -> Member:
         return make_member(int(name[1:]), name)
     if name[:1] == "h" and name[1:].isdigit():
         return make_member(1000 + int(name[1:]), name)
-    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h32..h39 held out)")
+    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h40..h47 held out)")
 
 
 # --- the in-memory lab --------------------------------------------------------------------------

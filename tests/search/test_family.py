@@ -61,8 +61,8 @@ def test_member_seeds_are_what_the_names_say() -> None:
 
 def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
     """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
-    held-out set was read once and replaced (heldout, heldout2, heldout3, heldout4, then heldout5)."""
-    assert list(family.SETS) == ["dev", "heldout", "heldout2", "heldout3", "heldout4", "heldout5"]
+    held-out set was read once and replaced (heldout, heldout2, heldout3, heldout4, heldout5, then heldout6)."""
+    assert list(family.SETS) == ["dev", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6"]
     names = list(family.SETS)
     member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
     for i, a in enumerate(names):
@@ -74,6 +74,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
     assert family.SETS["heldout3"] == ([f"h{i}" for i in range(16, 24)], range(300, 320))
     assert family.SETS["heldout4"] == ([f"h{i}" for i in range(24, 32)], range(400, 420))
     assert family.SETS["heldout5"] == ([f"h{i}" for i in range(32, 40)], range(500, 520))
+    assert family.SETS["heldout6"] == ([f"h{i}" for i in range(40, 48)], range(600, 620))
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:

@@ -264,6 +264,34 @@ def test_pattern_stencil_tries_every_list_level_and_the_edge_it_is_near() -> Non
     assert first == wide
 
 
+def test_pattern_opening_measures_every_knob_once_when_the_stencil_does_not_fit() -> None:
+    # three knobs, a wave of 4: the stencil (6 runs) would leave Z unmeasured until the next wave;
+    # with `cover` each knob gets one run first (towards the middle of its range; Y at its top
+    # edge goes down), then the other side of the first knob in the slot left
+    incumbent = {"X": "0.3", "Y": "1.0", "Z": "0.5"}
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    first = strategy.propose(incumbent, [], 4)
+    assert [(r["X"], r["Y"], r["Z"]) for r in first] == [
+        ("0.425", "1.0", "0.5"),
+        ("0.3", "0.875", "0.5"),
+        ("0.3", "1.0", "0.625"),
+        ("0.175", "1.0", "0.5"),
+    ]
+    assert (
+        PatternStrategy(PATTERN_DIMS, step=0.25, cover=False).propose(incumbent, [], 4)
+        == stencil(PATTERN_DIMS, incumbent, 0.25, ["X", "Y", "Z"], all_levels=True, to_edge=True)[:4]
+    )
+    # a one-run knob whose run is better moves there; the knobs measured on one side come first
+    history = [Observation(f"e{i}", r, bowl3(r), wave=0) for i, r in enumerate(first)]
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    second = strategy.propose(incumbent, history, 8)  # the point twice, the carried best twice, 4 more
+    assert second[0] == second[1] and second[0]["Y"] == "0.875"  # Y's one run was better: it went there
+    assert second[0]["X"] == "0.7"  # X was measured on both sides: its parabola's minimum
+    assert second[2] == second[3] == first[0]  # X's one-run best, carried
+    moved = {n for r in second[4:] for n in "XYZ" if r[n] != second[0][n]}
+    assert moved == {"Y", "Z"}  # measured on one side only: first in the next stencil
+
+
 def test_pattern_stops_after_misses_and_checks_options() -> None:
     strategy = PatternStrategy(PATTERN_DIMS, step=0.25, min_step=0.1, patience=1)
     history = [Observation(f"e{w}", {"X": "0.5"}, 1.0, wave=w) for w in range(2)]

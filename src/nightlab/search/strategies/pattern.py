@@ -26,7 +26,9 @@ class PatternStrategy(_SteppedStrategy):
     """Parallel coordinate search with a per-knob quadratic step (a parallel greedy).
 
     The first wave is a stencil around the incumbent: each knob `step` coded units up and down,
-    the others kept (+step and +2 step, or -step and -2 step, at an edge of the space). Each wave
+    the others kept (+step and +2 step, or -step and -2 step, at an edge of the space); when that
+    does not fit in the wave, every knob gets one run first (towards the middle of its range) and
+    the other sides fill the slots left (`cover`), so no knob waits a wave to be measured. Each wave
     after it fits, per knob, a parabola through the last stencil's two points on that knob and
     its centre's figure, and moves every knob to the parabola's minimum (at most `reach` stencil
     widths away; past the better point when the fit is not convex; with a crashed stencil run,
@@ -63,6 +65,7 @@ class PatternStrategy(_SteppedStrategy):
         all_levels: a list knob's stencil takes every other level, not the first two.
         to_edge: a knob less than a step from an edge is measured at the edge.
         explore: centre the wave on the unsettled best when the last centre gives no step.
+        cover: an opening wave too small for the stencil measures every knob once first.
     """
 
     name = "pattern"
@@ -82,12 +85,14 @@ class PatternStrategy(_SteppedStrategy):
         all_levels: bool = True,
         to_edge: bool = True,
         explore: bool = True,
+        cover: bool = True,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
             raise UsageError(f"replicas `{replicas}` and patience `{patience}` must be at least 1")
         self.reach, self.replicas, self.carry = reach, replicas, carry
         self.all_levels, self.to_edge, self.explore = all_levels, to_edge, explore
+        self.cover = cover
         self.patience = patience
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
@@ -164,6 +169,35 @@ class PatternStrategy(_SteppedStrategy):
     def _stencil(self, centre: Mapping[str, str], step: float, names: Sequence[str]) -> list[Knobs]:
         return stencil(self.dims, centre, step, names, all_levels=self.all_levels, to_edge=self.to_edge)
 
+    def _opening(self, centre: Mapping[str, str], step: float, names: Sequence[str], k: int) -> list[Knobs]:
+        """The first wave: the stencil around `centre`, or, when it does not fit in `k` runs and
+        `cover` is on, one run per knob first (every knob measured once) and the other sides in
+        the slots left, knob by knob.
+
+        Two runs a knob leave the knobs past the first k/2 unmeasured until the second wave; with
+        one, the fit of a one-run knob goes as far as its run when that run is better.
+        """
+        full = self._stencil(centre, step, names)
+        if not self.cover or len(full) <= k:
+            return full[:k]
+        first: list[Knobs] = []
+        rest: list[Knobs] = []
+        for name in names:
+            runs = self._stencil(centre, step, [name])
+            if len(runs) > 1 and not isinstance(self._dim(name), Choice):
+                dim = self._dim(name)
+                c = dim.coded(parse_value(centre[name]))
+                sides = {dim.coded(parse_value(r[name])) > c for r in runs}
+                near_edge = self.to_edge and (step / 4 < 1 - c < step or step / 4 < c + 1 < step)
+                if len(sides) == 2 and not near_edge:  # towards the middle, where more of the space lies
+                    runs.sort(key=lambda r: abs(dim.coded(parse_value(r[name]))))
+            first += runs[:1]
+            rest += runs[1:]
+        return (first + rest)[:k]
+
+    def _dim(self, name: str) -> Dimension:
+        return next(d for d in self.dims if d.name == name)
+
     def _noise(self, history: Sequence[Observation]) -> float:
         return pooled_sd(replicate_groups(history, self.dims, self._figures).values())[0] or 0.0
 
@@ -206,7 +240,7 @@ class PatternStrategy(_SteppedStrategy):
                     gain = -(b * move + a * move * move)
                 elif y_best < -2 * noise:  # no curvature to trust: go past the better point
                     move, gain = 2 * x_best, -y_best
-            elif y_best < -2 * noise:  # a stencil run crashed: only as far as the better measured point
+            elif y_best < -2 * noise:  # a run crashed or one side only (`cover`): as far as the better run
                 move, gain = x_best, -y_best
             value = dim.from_coded(c0 + move)
             if value != here and gain > 0:
@@ -221,7 +255,7 @@ class PatternStrategy(_SteppedStrategy):
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
-            return self._stencil(incumbent, step, names)[:k]
+            return self._opening(incumbent, step, names, k)
         centre, runs = last
         figure = self._values_at(_key(centre, self.dims), history)
         # the last wave's unsettled best: with `carry` the next wave explores from it, since the
@@ -245,7 +279,12 @@ class PatternStrategy(_SteppedStrategy):
         if repeats == 1 and have:  # one more run would ask for seed 0 again, which is measured
             repeats = 2
         # Knobs the last stencil left out come first, then the ones with the most to gain.
-        probed = {n for n in names if any(parse_value(o.knobs[n]) != parse_value(centre[n]) for o in runs)}
+        probed = {
+            n
+            for n in names
+            if len({repr(parse_value(o.knobs[n])) for o in runs} - {repr(parse_value(centre[n]))})
+            >= (1 if isinstance(self._dim(n), Choice) else 2)
+        }  # a range knob measured on one side only (the opening's `cover`) counts as left out
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
         best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if self.carry else None
         carried = [] if best is None else [best, best]
