@@ -401,7 +401,7 @@ def test_only_the_command_holds_the_run_lock(tmp_path):
     (home / "bin").mkdir(parents=True)
     # the worker's python: its code hash says whether the run lock is free at that moment
     (home / "bin" / "python").write_text(
-        '#!/bin/bash\nif [ "$*" = "-m nightlab.fleet.build hash" ]; then\n'
+        '#!/bin/bash\nif [ "$*" = "-m nightlab.fleet.build hash --on-eof" ]; then\n  cat >/dev/null\n'
         '  flock -n "$HOME/.nightlab-run.lock" true && echo lock-free || echo lock-held; exit 0\nfi\n'
         'exec python3 "$@"\n'
     )
@@ -421,3 +421,59 @@ def test_only_the_command_holds_the_run_lock(tmp_path):
     text, tags = sky_task.clean_job_log(out)
     assert proc.returncode == 0 and "hi\n" in text
     assert tags["code"] == "lock-free"  # reported after the command let the lock go
+
+
+def _run_script(tmp_path, command: str, python_stub: str) -> tuple[str, dict[str, str], Path]:
+    """Run the experiment task's script here with a stub `python` first on PATH; (log, tags, home)."""
+    lab, commit = _git_lab(tmp_path, {"train.py": b"print('hi')\n"})
+    home = tmp_path / "cluster"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "python").write_text(f'#!/bin/bash\n{python_stub}\nexec python3 "$@"\n')
+    (home / "bin" / "python").chmod(0o755)
+    task = sky_task.experiment_task(_spec(lab, commit, command), H100, lab_dir=lab)
+    env = {"PATH": f"{home / 'bin'}:{os.environ['PATH']}", "HOME": str(home), **task.envs}
+    proc = subprocess.run(["bash", "-c", task.run], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text, tags = sky_task.clean_job_log(proc.stdout)
+    return text, tags, home
+
+
+def test_the_code_hash_starts_beside_the_run_and_reads_the_files_after_it(tmp_path):
+    """Its interpreter's start-up is not between two runs; the package is still hashed after the command."""
+    stub = (
+        'if [ "$*" = "-m nightlab.fleet.build hash --on-eof" ]; then\n'
+        '  date +%s.%N > "$HOME/hasher-started"; cat >/dev/null; date +%s.%N > "$HOME/hasher-hashed"\n'
+        "  echo hashed-after; exit 0\nfi"
+    )
+    command = 'sleep 0.5; date +%s.%N > "$HOME/command-ended"'
+    text, tags, home = _run_script(tmp_path, command, stub)
+    started, ended, hashed = (float((home / n).read_text()) for n in ("hasher-started", "command-ended", "hasher-hashed"))
+    assert started < ended <= hashed
+    assert tags["code"] == "hashed-after" and tags["exit"] == "0"
+    assert not list((home / "nightlab" / "runs").iterdir())  # the run's folders are gone
+
+
+def test_the_command_does_not_hold_the_code_hash_open(tmp_path):
+    """A process the run leaves behind cannot keep the hash (and so the job) waiting."""
+    command = "if ls -l /proc/$$/fd | grep -q '[.]code/go'; then echo holds-it; else echo closed; fi"
+    text, tags, _ = _run_script(tmp_path, command, "")
+    assert "closed\n" in text and "holds-it" not in text
+
+
+def test_a_code_hash_process_that_died_is_replaced_after_the_run(tmp_path):
+    """An unsandboxed run may end the waiting hasher: the hash is then taken the old way."""
+    stub = (
+        'if [ "$*" = "-m nightlab.fleet.build hash --on-eof" ]; then exit 1; fi\n'
+        'if [ "$*" = "-m nightlab.fleet.build hash" ]; then echo taken-after; exit 0; fi'
+    )
+    _, tags, _ = _run_script(tmp_path, "true", stub)
+    assert tags["code"] == "taken-after"
+
+
+def test_the_waiting_code_hash_is_the_real_one(tmp_path):
+    """`hash --on-eof` prints the same code hash as `hash`, once its stdin closes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "nightlab.fleet.build", "hash", "--on-eof"],
+        input=b"anything\n", capture_output=True, cwd="/", timeout=60,
+    )  # fmt: skip
+    assert proc.stdout.decode().strip() == build.code_hash()

@@ -17,7 +17,8 @@ and bytes, `__pycache__` excluded), not the wheel's bytes (zip timestamps vary).
 
 Usage: `build_wheel(out_dir)` -> `Wheel(path, sha256, code, version, source)`;
 on a worker `python -m nightlab.fleet.build probe` prints the tags `fleet status` shows.
-stdlib only: the worker's run script calls `python -m nightlab.fleet.build hash` per run.
+stdlib only: the worker's run script calls `python -m nightlab.fleet.build hash --on-eof` per
+run, started beside the run and hashing once its stdin closes after the command (`sky_task.RUN_SCRIPT`).
 """
 
 from __future__ import annotations
@@ -168,11 +169,16 @@ def probe() -> dict[str, str]:
     return {"version": nightlab.__version__, "code": code_hash(), "torch": torch, "sandbox": sandbox}
 
 
-if __name__ == "__main__":  # on a worker: `python -m nightlab.fleet.build hash|probe`
+if __name__ == "__main__":  # on a worker: `python -m nightlab.fleet.build hash [--on-eof]|probe`
     if sys.argv[1:] == ["hash"]:
         print(code_hash())
+    elif sys.argv[1:] == ["hash", "--on-eof"]:
+        # started before the run, so the interpreter's start-up is not between two runs; the
+        # package's files are read only when the run script closes our stdin after the command
+        sys.stdin.buffer.read()
+        print(code_hash(), flush=True)
     elif sys.argv[1:] == ["probe"]:
         for key, value in probe().items():
             print(f"nightlab-{key}: {value}")
     else:
-        sys.exit("usage: python -m nightlab.fleet.build hash|probe")
+        sys.exit("usage: python -m nightlab.fleet.build hash [--on-eof]|probe")

@@ -137,7 +137,8 @@ export NIGHTLAB_LAB="$HOME/sky_workdir" PYTHONUNBUFFERED=1
 run_dir="$HOME/nightlab/runs/$NIGHTLAB_RUN"
 supervise="${NIGHTLAB_SUPERVISE:-0}"; unset NIGHTLAB_SUPERVISE
 work="$run_dir"; if [ "$supervise" = 1 ]; then work="$run_dir/work"; fi
-rm -rf "$run_dir" && mkdir -p "$work"
+hashing="$run_dir.code"  # the code hash's channel (below); beside the run, not in its directory
+rm -rf "$run_dir" "$hashing" && mkdir -p "$work" "$hashing"
 i=0
 while [ "$i" -lt "$NIGHTLAB_PAYLOAD_CHUNKS" ]; do
   eval "printf '%s' \"\$NIGHTLAB_PAYLOAD_$i\""
@@ -145,6 +146,21 @@ while [ "$i" -lt "$NIGHTLAB_PAYLOAD_CHUNKS" ]; do
 done | base64 -d | tar -xzf - -C "$work"
 if [ $? -ne 0 ]; then echo "nightlab: the snapshot payload could not be unpacked"; echo "nightlab-exit: 97"; exit 97; fi
 unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
+# The code hash of the nightlab this run imports is taken after the run (so a run that changed
+# the installed nightlab is caught), but its interpreter starts now: a Python start-up and the
+# module's imports were ~1.5 s of every handover between two runs on a loaded box. It reads
+# the package's files only at EOF on the FIFO, which comes when the script closes its end after
+# the command (no process of the run holds that end: it is closed for the command; a sandboxed
+# run's processes all end with it). From /, so no folder shadows it; PYTHONPATH counts, as it
+# does for the run. Without a FIFO the hash is taken after the command, as below.
+hasher=""
+if mkfifo "$hashing/go" 2>/dev/null; then
+  (cd / && exec python -m nightlab.fleet.build hash --on-eof <"$hashing/go" >"$hashing/code" 2>/dev/null) &
+  hasher=$!
+  exec {go}>"$hashing/go"
+else
+  exec {go}>/dev/null
+fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
 # One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
@@ -161,26 +177,28 @@ cd "$work"
 # before the lines printed ahead of it (the conformance suite's crash scenario, real SDK)
 if [ "$supervise" = 1 ]; then
   timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" python -I -m nightlab.harness.attempt \
-    --run-dir "$run_dir" --lab "$NIGHTLAB_LAB" -- "$NIGHTLAB_COMMAND" 2>&1
+    --run-dir "$run_dir" --lab "$NIGHTLAB_LAB" -- "$NIGHTLAB_COMMAND" 2>&1 {go}>&-
 else
-  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND" 2>&1
+  timeout -k 10 "$NIGHTLAB_REMOTE_TIMEOUT" bash -c "$NIGHTLAB_COMMAND" 2>&1 {go}>&-
 fi
 code=$?
 echo "nightlab-end: $(date +%s.%N)"
-# the experiment is over: a next job waiting at the lock may start while this one reports (the
-# code hash is a python start-up, seconds on a loaded box); on Slurm the next job's step waits
-# for this whole job to exit instead (docs/skypilot.md, "Pipelining")
+# the experiment is over: a next job waiting at the lock may start while this one reports; on
+# Slurm the next job's step waits for this whole job to exit instead (docs/skypilot.md, "Pipelining")
 exec 9>&-
 cd "$HOME"
-# the code hash of the nightlab this run imported, taken after the run so that a run which
-# changed the installed nightlab is caught (from /, so no folder shadows it; PYTHONPATH
-# counts, as it did for the run): a result from other code is `invalid`
-echo "nightlab-code: $(cd / && python -m nightlab.fleet.build hash 2>/dev/null || echo none)"
+# now the hasher reads the package's files (above): a result from other code is `invalid`; the
+# hash is taken the old way if that process is gone (an unsandboxed run may have ended it)
+exec {go}>&-
+if [ -n "$hasher" ]; then wait "$hasher"; fi
+nightlab_code=$(cat "$hashing/code" 2>/dev/null)
+if [ -z "$nightlab_code" ]; then nightlab_code=$(cd / && python -m nightlab.fleet.build hash 2>/dev/null || echo none); fi
+echo "nightlab-code: $nightlab_code"
 if [ "$supervise" = 1 ]; then
   echo "nightlab-score: $(base64 -w0 "$run_dir/score.json" 2>/dev/null || echo none)"
 fi
 echo "nightlab-exit: $code"
-rm -rf "$run_dir"
+rm -rf "$run_dir" "$hashing"
 exit $code
 """
 
