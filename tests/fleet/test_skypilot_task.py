@@ -447,7 +447,9 @@ def test_the_code_hash_starts_beside_the_run_and_reads_the_files_after_it(tmp_pa
     )
     command = 'sleep 0.5; date +%s.%N > "$HOME/command-ended"'
     text, tags, home = _run_script(tmp_path, command, stub)
-    started, ended, hashed = (float((home / n).read_text()) for n in ("hasher-started", "command-ended", "hasher-hashed"))
+    started, ended, hashed = (
+        float((home / n).read_text()) for n in ("hasher-started", "command-ended", "hasher-hashed")
+    )
     assert started < ended <= hashed
     assert tags["code"] == "hashed-after" and tags["exit"] == "0"
     assert not list((home / "nightlab" / "runs").iterdir())  # the run's folders are gone
