@@ -147,8 +147,9 @@ done | base64 -d | tar -xzf - -C "$work"
 if [ $? -ne 0 ]; then echo "nightlab: the snapshot payload could not be unpacked"; echo "nightlab-exit: 97"; exit 97; fi
 unset $(env | sed -n 's/^\(NIGHTLAB_PAYLOAD_[0-9]*\)=.*/\1/p')
 # The code hash of the nightlab this run imports is taken after the run (so a run that changed
-# the installed nightlab is caught), but its interpreter starts now: a Python start-up and the
-# module's imports were ~1.5 s of every handover between two runs on a loaded box. It reads
+# the installed nightlab is caught), but its interpreter starts now, so its start-up and imports
+# are not between two runs (the script's time after the command: 0.093 -> 0.027 s at load 2,
+# bench/RESULTS.md; more under load). It reads
 # the package's files only at EOF on the FIFO, which comes when the script closes its end after
 # the command (no process of the run holds that end: it is closed for the command; a sandboxed
 # run's processes all end with it). From /, so no folder shadows it; PYTHONPATH counts, as it
