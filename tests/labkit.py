@@ -24,8 +24,11 @@ LR = 0.01  # learning rate: the metric is best at 0.02
 SLEEP = 0.2  # seconds of "training"
 MODE = "ok"  # ok | crash | syntax | nan | oom | garbage | nothing | partial | hang | big | selfkill | exit3
 NOISE = 0.0  # standard deviation of the seeded noise
+GATE = ""  # a file the run waits for before its sleep (tests that must catch a run in flight)
 
 seed = int(os.environ.get("NIGHTLAB_SEED", "0"))
+while GATE and not os.path.exists(GATE):
+    time.sleep(0.05)
 start = time.time()
 if MODE == "hang":
     time.sleep(3600)

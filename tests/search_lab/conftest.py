@@ -14,12 +14,16 @@ from nightlab.search.knobs import set_knobs
 
 @pytest.fixture
 def quick_lab(make_lab):
-    """Factory: a lab whose incumbent sleeps `sleep` s and has seeded noise `noise`."""
+    """Factory: a lab whose incumbent sleeps `sleep` s and has seeded noise `noise`; with `gate`,
+    every run waits for that file to exist first."""
 
-    def make(slots: int = 2, *, sleep: float = 0.1, noise: float = 0.01, toml: str = "", **kwargs) -> Path:
+    def make(
+        slots: int = 2, *, sleep: float = 0.1, noise: float = 0.01, gate: str = "", toml: str = "", **kwargs
+    ) -> Path:
         lab = make_lab(slots=slots, **kwargs)
         train = lab / "train.py"
-        train.write_text(set_knobs(train.read_text(), {"SLEEP": repr(sleep), "NOISE": repr(noise)}))
+        knobs = {"SLEEP": repr(sleep), "NOISE": repr(noise), "GATE": repr(gate)}
+        train.write_text(set_knobs(train.read_text(), knobs))
         if toml:
             path = lab / "nightlab.toml"
             path.write_text(path.read_text() + toml)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from labkit import nightlab
 from nightlab.ledger import open_ledger
@@ -90,14 +91,9 @@ def test_factorial_and_optuna_waves(quick_lab):
     assert line.startswith("wave 1 ") and "2/2 runs" in line
 
 
-def interrupt_once_submitted(lab, strategy: str):
-    """Start `search --waves 1` over WIDE, Ctrl-C it once it waits for submitted runs.
-
-    Returns (the wave, the process, its whole stderr). The signal goes out at the first progress
-    line on stderr, which the search prints once it waits for runs: polling the ledger for the
-    submitted wave instead was slow enough on a loaded box that the 3 s runs, and the search
-    with them, sometimes ended before the Ctrl-C arrived.
-    """
+def search_until_waiting(lab, strategy: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start `search --waves 1` over WIDE and read its stderr up to its first progress line,
+    which it prints once it waits for submitted runs: (the process, the lines read)."""
     args = [
         sys.executable,
         "-m",
@@ -118,6 +114,17 @@ def interrupt_once_submitted(lab, strategy: str):
         said.append(line)
         if re.search(r"\d+ done, \d+ running, \d+ queued", line):
             break
+    return proc, said
+
+
+def interrupt_once_submitted(lab, strategy: str, gate: Path):
+    """Start the search and Ctrl-C it once it waits for submitted runs: (the wave, the process, its stderr).
+
+    The lab's runs wait for `gate` (a file `quick_lab(gate=...)` names), so none ends before the
+    signal, however loaded the box.
+    """
+    gate.unlink(missing_ok=True)
+    proc, said = search_until_waiting(lab, strategy)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130, "".join(said)
     said.append(proc.stderr.read())
@@ -126,14 +133,17 @@ def interrupt_once_submitted(lab, strategy: str):
     return wave, proc, "".join(said)
 
 
-def test_interrupted_search_resumes_its_wave(quick_lab):
-    lab = quick_lab(slots=2, sleep=3.0)
+def test_interrupted_search_resumes_its_wave(quick_lab, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    lab = quick_lab(slots=2, sleep=0.5, gate=str(gate))
     nightlab("noise", "--repeats", "2", "--wait", cwd=lab)
-    wave, proc, said = interrupt_once_submitted(lab, "greedy")
+    wave, proc, said = interrupt_once_submitted(lab, "greedy", gate)
     assert proc.stdout.read() == ""  # interrupted before the wave was judged
     # what happens to the runs, and how to go on
     assert "search interrupted: the lab's 1 queued/running run(s) keep running on the fleet" in said
     assert "run the same command again to resume from the ledger" in said
+    gate.touch()
     started = time.time()
     again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
     assert f"resuming: 0 waves judged, waiting for {wave.id}" in again.stderr
@@ -213,14 +223,18 @@ def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
     assert first[0].started_at < min(e.finished_at for e in floor)
 
 
-def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twice(quick_lab):
-    lab = quick_lab(slots=4, sleep=3.0)
-    interrupt_once_submitted(lab, "surface")
-    again = nightlab("search", "--strategy", "surface", "--space", WIDE, "--waves", "1", cwd=lab)
-    # the floor in flight is waited for, not submitted again (the resumed search reports it only
-    # when its 3 s runs end while it waits, which a loaded box's restart may outlast)
-    assert "no noise floor" not in again.stderr
-    assert again.stdout.startswith("wave 1 w002: 1/1 runs")
+def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twice(quick_lab, tmp_path):
+    gate = tmp_path / "gate"
+    lab = quick_lab(slots=4, sleep=0.5, gate=str(gate))
+    interrupt_once_submitted(lab, "surface", gate)
+    proc, said = search_until_waiting(lab, "surface")  # the resumed search, its runs still at the gate
+    gate.touch()
+    out, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    said = "".join(said) + rest
+    # the floor in flight is waited for and reported, not submitted again
+    assert "no noise floor" not in said and "noise floor on cpu: 0.0" in said
+    assert out.startswith("wave 1 w002: 1/1 runs")
     with open_ledger(lab) as ledger:
         # the floor's 3, the wave's 1 and its settle repeat
         assert [len(ledger.experiments(wave=w.id)) for w in ledger.waves()] == [3, 2]
