@@ -18,7 +18,7 @@ def test_knobs_lists_constants_with_values_and_types(quick_lab):
     )
     rows = json.loads(nightlab("knobs", "--json", cwd=lab).stdout)
     by_name = {r["name"]: r for r in rows}
-    assert [r["name"] for r in rows] == ["LR", "SLEEP", "MODE", "NOISE", "BATCH", "BETAS", "FLAG"]
+    assert [r["name"] for r in rows] == ["LR", "SLEEP", "MODE", "NOISE", "BATCH", "BETAS", "FLAG", "GATE"]
     assert by_name["LR"] == {"name": "LR", "source": "0.01", "type": "float", "file": "train.py", "line": 7}
     assert by_name["MODE"]["type"] == "str" and by_name["MODE"]["source"] == '"ok"'
     assert (by_name["BATCH"]["source"], by_name["BATCH"]["type"]) == ("2**17", "int")
