@@ -56,6 +56,18 @@ def fast(monkeypatch):
     monkeypatch.setattr(sky_core, "LOST_RELAUNCH_DELAY", 0.05)
 
 
+@pytest.fixture(autouse=True)
+def stop_fake_jobs(monkeypatch):
+    """Every FakeSky a test installs has its job processes killed at teardown: a test that fails
+    before its backend closes would leave a hung job's process running until its own limit."""
+    installed: list[FakeSky] = []
+    install = FakeSky.install
+    monkeypatch.setattr(FakeSky, "install", lambda self, mp: (installed.append(self), install(self, mp))[1])
+    yield
+    for fake in installed:
+        fake.stop_jobs()
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch, fast) -> FakeSky:
     return FakeSky(tmp_path / "clusters", scale=SCALE).install(monkeypatch)

@@ -38,6 +38,7 @@ apart, the simulation would need an interface of its own that nothing else uses,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -51,6 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import sky
 from sky import exceptions
 
@@ -160,6 +162,13 @@ class FakeSky:
         self._log_failures = 0
         self._status_failures = 0
         self._preempt_jobs: list[tuple[str, float]] = []
+
+    def stop_jobs(self) -> None:
+        """Kill every job process still running, by PID (a test's teardown, also after a failure)."""
+        with self._lock:
+            jobs = [job for c in self.clusters.values() for job in c.jobs.values()]
+        for job in jobs:
+            self._kill(job)
 
     # ------------------------------------------------------------------ wiring
 
@@ -588,10 +597,18 @@ class FakeSky:
 
     def _kill(self, job: FakeJob) -> None:
         if job.proc is not None and job.proc.poll() is None:
+            # the run script's `timeout` puts the command in a process group of its own
+            try:
+                tree = psutil.Process(job.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
             try:
                 os.killpg(job.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
 
 
 def _sync_workdir(workdir: Any, dest: Path) -> None:
