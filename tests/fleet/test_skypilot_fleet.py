@@ -370,6 +370,27 @@ def test_timeout_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast, queueing)
     backend.close()
 
 
+def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_path, monkeypatch, fast):
+    # a stopping controller kills its runs and closes at once, so no monitor is left to send
+    # the cancel again: a job still INIT (Slurm) at that moment would run on to its own limit
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=0.5 / SCALE).install(monkeypatch)
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    eid = submit(lab, "hang", "h100", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: backend.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
+    job_id = backend.jobs.runs[f"{eid}/1"].job_id
+    job = next(c.jobs[job_id] for c in fake.clusters.values() if c.name == handle["cluster"])
+    assert job.status.value == "INIT"
+    backend.kill(slot, spec, handle)  # what the controller's shutdown does, then `cleanup` and `close`
+    backend.cleanup(spec)
+    backend.close()
+    assert job.status.value == "CANCELLED"
+    assert len([c for c in fake.calls if c[0] == "cancel"]) >= 2  # the first one found the job INIT
+
+
 def test_log_retrieval_is_retried_then_infra(sky_lab, fake):
     lab = sky_lab()
     backend = _backend(lab, fake, log_retries=3)

@@ -43,6 +43,7 @@ EXPECTED: dict[str, Any] = {
     "timeout": {"exit_code": None, "lost": False},
     "reattach_by_id": {"exit_code": 0, "lost": False},
     "reattach_by_name_and_kill": {"found": True, "exit_code": None, "lost": False},
+    "kill_at_close": {"status": "CANCELLED"},
 }
 
 
@@ -173,6 +174,23 @@ class Suite:
             return {"exit_code": ended.exit_code, "lost": ended.lost}
         finally:
             backend.close()
+
+    def kill_at_close(self, slot: WorkerSlot) -> dict[str, Any]:
+        """A stopping controller: kill, forget and close right after the exec (on Slurm its job is INIT)."""
+        from nightlab.fleet.skypilot.core import status_name
+
+        backend = self.backend()
+        self._until_up(backend, slot)
+        spec = self.spec("close", HANG, slot)
+        handle = backend.launch(slot, spec)
+        self._running(backend, spec)
+        run = backend.jobs.runs[f"{spec.experiment_id}/{spec.attempt}"]
+        backend.kill(slot, spec, handle)
+        backend.cleanup(spec)
+        backend.close()
+        sdk = backend.sdk
+        statuses = sdk.get(sdk.job_status(run.cluster.name, [run.job_id]))
+        return {"status": status_name(statuses.get(run.job_id))}
 
     def reattach_by_id(self, slot: WorkerSlot) -> dict[str, Any]:
         first = self.backend()

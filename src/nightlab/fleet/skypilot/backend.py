@@ -75,7 +75,6 @@ class SkyPilotBackend(BaseBackend):
         backoff = core.RELAUNCH_BACKOFF if relaunch_backoff is None else relaunch_backoff
         self.clusters = Clusters(self.shared, config, self.pools, relaunch_backoff=backoff)
         self.jobs = Jobs(self.shared, self.clusters)
-        self._cancels: list[Any] = []
         if ledger is not None:
             self.use_ledger(ledger)
 
@@ -129,9 +128,7 @@ class SkyPilotBackend(BaseBackend):
             return run.ended
 
     def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None:
-        thread = self.jobs.request_kill(self._run(slot, spec))
-        if thread is not None:
-            self._cancels.append(thread)
+        self.jobs.request_kill(self._run(slot, spec))
 
     def started(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> float | None:
         """When the run script got the cluster (after `sky exec` and any job queued before it)."""
@@ -153,11 +150,9 @@ class SkyPilotBackend(BaseBackend):
     def close(self) -> None:
         self.shared.stop.set()
         self.clusters.wake_all()
-        # a stopping controller kills its runs: let those cancels reach SkyPilot, or the jobs
-        # would hold their clusters while the requeued experiments wait behind them
-        deadline = time.time() + core.CLOSE_GRACE
-        for thread in self._cancels:
-            thread.join(max(0.0, deadline - time.time()))
+        # a stopping controller kills its runs: see those cancels through, or the jobs would
+        # hold their clusters while the requeued experiments wait behind them
+        self.jobs.settle_kills(time.time() + core.CLOSE_GRACE)
         self.shared.flush()
 
     def _run(self, slot: WorkerSlot, spec: RunSpec) -> Run:

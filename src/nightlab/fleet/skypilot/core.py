@@ -39,7 +39,7 @@ STATUS_PATIENCE = 600.0  # seconds of unreadable job status (API server down) be
 RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
-CLOSE_GRACE = 10.0  # seconds `close` waits for cancels in flight
+CLOSE_GRACE = 10.0  # seconds `close` spends seeing the killed runs' jobs end (`Jobs.settle_kills`)
 # seconds past its lease and one run's timeout that a run may wait to start before it is
 # requeued: a lost cluster's relaunch with set-up took 616 s on a loaded 2-core box (RESULTS.md)
 START_PATIENCE = 1800.0

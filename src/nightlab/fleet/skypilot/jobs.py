@@ -77,6 +77,7 @@ class Jobs:
         self.runs: dict[str, Run] = {}
         self._monitor: threading.Thread | None = None
         self._seq = itertools.count(1)
+        self._killed: list[Run] = []  # kept after `forget`: `settle_kills` checks them at close
 
     def get(self, spec: RunSpec) -> Run | None:
         with self.shared.lock:
@@ -92,16 +93,18 @@ class Jobs:
         with self.shared.lock:
             self.runs.pop(run_key(spec), None)
 
-    def request_kill(self, run: Run) -> threading.Thread | None:
-        """Mark the run killed; returns the cancel's thread when its job already exists."""
+    def request_kill(self, run: Run) -> None:
+        """Mark the run killed and cancel its job when it exists (`_running` does it otherwise)."""
         with self.shared.lock:
             if run.kill_requested or run.ended is not None:
-                return None
+                return
             run.kill_requested = True
             job_id = run.job_id
+            self._killed = [r for r in self._killed if r.ended is None] + [run]
         with run.cluster.changed:
             run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
-        return self.shared.thread(self.cancel, run) if job_id is not None else None
+        if job_id is not None:
+            self.shared.thread(self.cancel, run)
 
     # ------------------------------------------------------------------ submitting
 
@@ -231,6 +234,48 @@ class Jobs:
         finally:
             with self.shared.lock:
                 run.cancelling, run.cancel_answered = False, time.time()
+
+    def settle_kills(self, deadline: float) -> None:
+        """Until `deadline`, cancel killed runs' jobs again until SkyPilot shows each one ended.
+
+        The backend's close calls it: the monitor stops with the backend, so a controller that
+        stops right after an exec would otherwise leave its only cancel to an INIT job, which
+        SkyPilot ignores (`_cancel_again`), and the job would run on to its own limit. A kill
+        whose exec is still in flight waits for its job id (`_running` cancels it then).
+        """
+        sdk, settled = self.shared.sdk, set()
+        while True:
+            with self.shared.lock:
+                waiting = [r for r in self._killed if r.job_id is None and r.ended is None]
+                to_check = [
+                    r
+                    for r in self._killed
+                    if r.job_id is not None and r.ended is None and id(r) not in settled
+                ]
+            if (not waiting and not to_check) or time.time() >= deadline:
+                return
+            asked = time.time()
+            by_cluster: dict[str, list[Run]] = {}
+            for run in to_check:
+                by_cluster.setdefault(run.cluster.name, []).append(run)
+            for name, runs in by_cluster.items():
+                try:
+                    statuses = sdk.get(sdk.job_status(name, [r.job_id for r in runs]))
+                except Exception as e:  # its cluster is gone, or the API server is: nothing to cancel
+                    log.info("job status on %s at close: %s", name, one_line(e))
+                    settled.update(id(r) for r in runs)
+                    continue
+                for run in runs:
+                    status = status_name(statuses.get(run.job_id))
+                    if status is None or status in TERMINAL:
+                        settled.add(id(run))
+                        continue
+                    with self.shared.lock:
+                        answered = run.cancel_answered
+                        due = not run.cancelling and (answered is None or answered < asked)
+                    if due:
+                        self.shared.thread(self.cancel, run)
+            time.sleep(min(self.shared.status_interval, 0.5))
 
     # ------------------------------------------------------------------ re-attaching
 
