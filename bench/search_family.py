@@ -19,10 +19,10 @@ Each strategy (16 workers) then runs until its incumbent's noise-free value reac
 adoption whose noise-free value is worse than the incumbent it replaced.
 
 Sets (so no tuning reads the held-out one): `dev` = members d0-d11 and sim, seeds 0-19;
-`heldout6` = members h40-h47 (member seeds 1040-1047), seeds 600-619: new in session 5, no
-tuning read it. Tune on dev only. `heldout` = h0-h7, seeds 100-119, `heldout2` = h8-h15, seeds
+`heldout7` = members h48-h55 (member seeds 1048-1055), seeds 700-719: new in session 6, no
+tuning reads it. Tune on dev only. `heldout` = h0-h7, seeds 100-119, `heldout2` = h8-h15, seeds
 200-219, `heldout3` = h16-h23, seeds 300-319, `heldout4` = h24-h31, seeds 400-419 and `heldout5` =
-h32-h39, seeds 500-519 were read by earlier reports and are retired from judging (kept to
+h32-h39, seeds 500-519 and `heldout6` = h40-h47, seeds 600-619 were read by earlier reports and are retired from judging (kept to
 reproduce the recorded figures).
 
 The loop is the real `search.strategies.run_loop` with the real strategies and the real verdict
@@ -42,7 +42,7 @@ candidates of the wave in which they end, judged against the incumbent of that m
 z of that wave's size). Only whole configurations are judged, each against the incumbent it would
 replace, so the verdict rule is the synchronous one.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--option NAME=VALUE ...] [--json out.json] [--verbose]
 """
@@ -359,6 +359,11 @@ HELDOUT5_MEMBERS = [f"h{i}" for i in range(32, 40)]
 # seeds 1040-1047, seeds 600-619) judges pattern's opening that measures every knob (`cover`),
 # tuned on dev after it, read once, at the end (issue 17, session 5).
 HELDOUT6_MEMBERS = [f"h{i}" for i in range(40, 48)]
+# `heldout6` was read once, for that version (2026-12-01 22:07). `heldout7` (h48-h55 = member
+# seeds 1048-1055, seeds 700-719) judges what session 6 builds on dev (issue 17, 2026-12-02), read
+# once, at the end, for the version kept; its 2-wave ceiling (bench/search_levers.py) is read
+# with it.
+HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -367,6 +372,7 @@ SETS = {
     "heldout4": (HELDOUT4_MEMBERS, range(400, 420)),
     "heldout5": (HELDOUT5_MEMBERS, range(500, 520)),
     "heldout6": (HELDOUT6_MEMBERS, range(600, 620)),
+    "heldout7": (HELDOUT7_MEMBERS, range(700, 720)),
 }
 
 
@@ -378,7 +384,7 @@ def member(name: str) -> Member:
         return make_member(int(name[1:]), name)
     if name[:1] == "h" and name[1:].isdigit():
         return make_member(1000 + int(name[1:]), name)
-    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h40..h47 held out)")
+    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h48..h55 held out)")
 
 
 # --- the in-memory lab --------------------------------------------------------------------------
@@ -414,6 +420,7 @@ class Sim:
         self.adoptions: list[tuple[float, dict[str, str]]] = [(0.0, dict(m.start))]
         self.floor: list[Run] = []
         self.judged: dict[str, list[Run]] = {}  # wave id -> the runs it is judged on
+        self.submitted: dict[str, float] = {}  # wave id -> the loop's clock when it was submitted
 
     def key(self, knobs: Mapping[str, str]) -> tuple:
         return tuple(repr(parse_value(knobs[d.name])) for d in self.m.dims)
@@ -459,6 +466,7 @@ class Sim:
 
     def submit(self, proposals: list[dict[str, str]], index: int) -> str:
         wave_id = f"w{index:03d}"
+        self.submitted[wave_id] = self.now
         counts: dict[tuple, int] = {}
         first: dict[tuple, dict[str, str]] = {}
         for p in proposals:
@@ -554,6 +562,17 @@ class RollingSim(Sim):
 # --- one search ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class WaveLog:
+    """One wave in simulated time: when it was submitted and judged, its fresh runs
+    (configuration key, start, end; the noise floor's with the first wave) and what it adopted."""
+
+    start: float
+    end: float
+    runs: list[tuple[tuple, float, float]]
+    adopted: tuple | None
+
+
 @dataclass
 class Trace:
     """One search's incumbents over time: (simulated time of adoption, noise-free value)."""
@@ -565,6 +584,7 @@ class Trace:
     cpu: float  # seconds of strategy + loop compute (this machine)
     waves: int
     final_sd: float  # the noise sd at the final incumbent
+    log: list[WaveLog] = field(default_factory=list)
 
     def time_to(self, target: float) -> float | None:
         for t, v in zip(self.times, self.truths, strict=True):
@@ -596,11 +616,17 @@ def search(
     truth0 = m.truth(m.values(m.start))
     state = {"truth": truth0, "wrong": 0}
     times, truths = [0.0], [truth0]
+    log: list[WaveLog] = []
 
     class Reached(Exception):
         pass
 
     def on_wave(summary) -> None:
+        begun = sim.submitted[summary.wave_id]
+        fresh = [r for r in sim.runs if r.start >= begun and r.end <= sim.now and r.id not in logged]
+        logged.update(r.id for r in fresh)
+        adopted = None if summary.adopted is None else sim.key(sim.head)
+        log.append(WaveLog(begun, sim.now, [(r.key, r.start, r.end) for r in fresh], adopted))
         if summary.adopted is not None:
             new = m.truth(m.values(sim.head))
             state["wrong"] += new > state["truth"] + 1e-12
@@ -611,6 +637,7 @@ def search(
                 raise Reached
 
     sim.start_floor(floor)
+    logged: set[str] = set()
     size = workers if strategy != "greedy" else 1
     started = time.process_time()
     done = 0
@@ -632,7 +659,94 @@ def search(
     except Reached:
         done = len(sim.waves)
     cpu = time.process_time() - started
-    return Trace(times, truths, state["wrong"], len(sim.runs), cpu, done, m.sd(m.values(sim.head)))
+    return Trace(times, truths, state["wrong"], len(sim.runs), cpu, done, m.sd(m.values(sim.head)), log)
+
+
+# --- where a search's time goes (`--levers`) ------------------------------------------------------
+
+LEVERS = ("actual", "median_run_waves", "repeat_at_once", "both", "one_wave", "two_waves", "two_median_waves")
+
+
+def levers(trace: Trace, greedy_time: float, target: float, workers: int) -> dict[str, float] | None:
+    """What one search's time to the target is made of, and the speed-up each lever could give.
+
+    From the wave log up to the wave whose adoption reached the target (a search that never
+    reached it gives 0x for the levers, as the speed-up counts it, and the ceilings with its mean
+    wave over all waves):
+
+    - `median_run_waves`: every wave lasts its median run instead of its slowest (waves that do not
+      wait on their slowest run, with no loss of what the late runs teach: an upper bound);
+    - `repeat_at_once`: the configuration that reached the target, when its first run came in an
+      earlier wave than its adoption (a stencil point carried), is adopted at the end of that
+      earlier wave or when a repeat started at its first run's end would end, whichever is later
+      (the repeat settling it: an upper bound; the path before it unchanged);
+    - `both`: the two together; `one_wave` / `two_waves`: greedy's time over one / two of the
+      search's mean waves (a search that reached the target in its first / second wave every time);
+      `two_median_waves`: two waves each as long as the search's mean median run (both ceilings).
+
+    Also `waves`, `wave_over_run` (mean wave / mean run), `busy` (run time / workers x time) and
+    `carried` (1 when the target configuration was first run in an earlier wave).
+    """
+    t = trace.time_to(target)
+    reached = [i for i, w in enumerate(trace.log) if w.adopted is not None and t is not None and w.end == t]
+    if not trace.log:
+        return None
+    if not reached:
+        mean_wave = trace.log[-1].end / len(trace.log)
+        return {
+            **dict.fromkeys(LEVERS[:4], 0.0),
+            "one_wave": greedy_time / mean_wave,
+            "two_waves": greedy_time / (2 * mean_wave),
+            "two_median_waves": greedy_time / (2 * mean_wave),
+        }
+    last = reached[0]
+    waves = trace.log[: last + 1]
+    durations = [[end - start for _, start, end in w.runs] for w in waves]
+    medians = [statistics.median(d) if d else w.end - w.start for d, w in zip(durations, waves, strict=True)]
+    runs = [x for d in durations for x in d]
+    mean_wave = t / len(waves)
+    key = waves[-1].adopted
+    first = next(i for i, w in enumerate(waves) if any(k == key for k, _, _ in w.runs))
+    once = t
+    both = sum(medians)
+    if first < last:
+        e1, r = min((end, end - start) for k, start, end in waves[first].runs if k == key)
+        once = max(waves[first].end, e1 + r)
+        both = sum(medians[:first]) + max(medians[first], e1 + r - waves[first].start)
+    return {
+        "actual": greedy_time / t,
+        "median_run_waves": greedy_time / sum(medians),
+        "repeat_at_once": greedy_time / once,
+        "both": greedy_time / both,
+        "one_wave": greedy_time / mean_wave,
+        "two_waves": greedy_time / (2 * mean_wave),
+        "two_median_waves": greedy_time / (2 * statistics.fmean(medians)),
+        "waves": len(waves),
+        "wave_over_run": mean_wave / statistics.fmean(runs),
+        "busy": sum(runs) / (workers * t),
+        "carried": float(first < last),
+    }
+
+
+def print_levers(rows: Mapping[str, list[dict[str, float]]]) -> None:
+    """Per member, the median over its searches of each lever's speed-up; then the median of members."""
+    extra = ("waves", "wave_over_run", "busy", "carried")
+    print("\n" + " | ".join(["member", *LEVERS, *extra]))
+    per: dict[str, dict[str, float]] = {}
+    for name, found in rows.items():
+        per[name] = {}
+        for col in (*LEVERS, *extra):
+            values = [r[col] for r in found if col in r]
+            per[name][col] = statistics.median(values) if values else math.nan
+        print(" | ".join([name, *(f"{per[name][c]:.2f}" for c in (*LEVERS, *extra))]))
+    print(
+        " | ".join(
+            [
+                "median of members",
+                *(f"{statistics.median(p[c] for p in per.values()):.2f}" for c in (*LEVERS, *extra)),
+            ]
+        )
+    )
 
 
 # --- the bench ----------------------------------------------------------------------------------
@@ -666,6 +780,9 @@ def main() -> None:
     )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
+    parser.add_argument(
+        "--levers", action="store_true", help="also print where the first strategy's time goes, per member"
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     names, seed_range = SETS[args.set]
@@ -682,6 +799,7 @@ def main() -> None:
     records = []
     table: dict[str, dict[str, list[float]]] = {s: {} for s in strategies}
     wrong = {s: 0 for s in ["greedy", *strategies]}
+    lever_rows: dict[str, list[dict[str, float]]] = {}
     for m in members:
         for seed in seeds:
             g = search(m, "greedy", workers=1, seed=seed, waves=args.budget)
@@ -706,6 +824,13 @@ def main() -> None:
                 speedup = None if not g_time else 0.0 if t is None else g_time / t
                 if speedup is not None:
                     table[s].setdefault(m.name, []).append(speedup)
+                    found = (
+                        levers(p, g_time, target, args.workers)
+                        if args.levers and s == strategies[0]
+                        else None
+                    )
+                    if found is not None:
+                        lever_rows.setdefault(m.name, []).append(found)
                 records.append(
                     {
                         "member": m.name,
@@ -757,6 +882,8 @@ def main() -> None:
             f"{s:<12}{statistics.median(per.values()):>17.1f}x{f'{per[worst]:.1f}x ({worst})':>22}"
             f"{f'{reached}/{total}':>10}{wrong[s]:>13}"
         )
+    if lever_rows:
+        print_levers(lever_rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
 

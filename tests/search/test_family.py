@@ -61,8 +61,17 @@ def test_member_seeds_are_what_the_names_say() -> None:
 
 def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
     """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
-    held-out set was read once and replaced (heldout, heldout2, heldout3, heldout4, heldout5, then heldout6)."""
-    assert list(family.SETS) == ["dev", "heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6"]
+    held-out set was read once and replaced (heldout, heldout2, heldout3, heldout4, heldout5, heldout6, then heldout7)."""
+    assert list(family.SETS) == [
+        "dev",
+        "heldout",
+        "heldout2",
+        "heldout3",
+        "heldout4",
+        "heldout5",
+        "heldout6",
+        "heldout7",
+    ]
     names = list(family.SETS)
     member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
     for i, a in enumerate(names):
@@ -75,6 +84,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
     assert family.SETS["heldout4"] == ([f"h{i}" for i in range(24, 32)], range(400, 420))
     assert family.SETS["heldout5"] == ([f"h{i}" for i in range(32, 40)], range(500, 520))
     assert family.SETS["heldout6"] == ([f"h{i}" for i in range(40, 48)], range(600, 620))
+    assert family.SETS["heldout7"] == ([f"h{i}" for i in range(48, 56)], range(700, 720))
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:
@@ -116,3 +126,25 @@ def test_a_wave_lasts_its_slowest_run_unless_rolling() -> None:
     later = roll.wait(nxt)
     assert any(o.knobs["DEPTH"] == "16" for o in later) or roll.late
     assert all(math.isfinite(r.end) and r.end <= roll.now for r in roll.judged[nxt])
+
+
+def test_levers_split_a_search_s_time_into_waves_runs_and_a_carried_winner() -> None:
+    """`--levers`: the target is reached in wave 3 by a configuration first run in wave 2 (carried);
+    every wave's median run is 1 while its slowest is 2."""
+    log = [
+        family.WaveLog(0, 2, [(("a",), 0, 1), (("b",), 0, 1), (("c",), 0, 2)], None),
+        family.WaveLog(2, 4, [(("x",), 2, 3), (("y",), 2, 3), (("z",), 2, 4)], None),
+        family.WaveLog(4, 6, [(("x",), 4, 5), (("x",), 4, 5), (("w",), 4, 6)], ("x",)),
+    ]
+    trace = family.Trace([0.0, 6.0], [5.0, 1.0], 0, 9, 0.0, 3, 0.1, log)
+    got = family.levers(trace, greedy_time=12.0, target=1.0, workers=3)
+    assert got is not None
+    assert got["actual"] == 2.0  # 12 / 6
+    assert got["median_run_waves"] == 4.0  # three waves of their median run (1)
+    assert got["repeat_at_once"] == 3.0  # x's repeat from its first run's end (3 + 1) ends with wave 2 (4)
+    assert got["both"] == 4.0  # 1 (wave 1's median) + 2 (wave 2 until x's repeat ends)
+    assert (got["one_wave"], got["two_waves"], got["two_median_waves"]) == (6.0, 3.0, 6.0)
+    assert (got["waves"], got["carried"]) == (3, 1.0)
+    assert math.isclose(got["busy"], 12 / 18)
+    never = family.Trace([0.0], [5.0], 0, 9, 0.0, 3, 0.1, log)  # the target was not reached
+    assert family.levers(never, greedy_time=12.0, target=1.0, workers=3)["actual"] == 0.0
