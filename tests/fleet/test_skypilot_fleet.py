@@ -348,12 +348,8 @@ def test_preemption_is_infra_and_the_cluster_relaunches(sky_lab, fake):
     backend.close()
 
 
-@pytest.mark.parametrize("queueing", [False, True], ids=["job-queued", "job-still-init"])
-def test_timeout_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast, queueing):
-    # on Slurm `sky exec` answers while the job is still INIT; SkyPilot's cancel then cancels
-    # nothing and the job runs on to its own limit (the CI failure of the real conformance suite)
-    queue_seconds = 0.5 / SCALE if queueing else 1.0
-    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=queue_seconds).install(monkeypatch)
+def _hang_running(sky_lab, fake: FakeSky):
+    """A hanging run launched on a fresh lab, once its job id is known: (backend, slot, spec, handle, run)."""
     lab = sky_lab()
     backend = _backend(lab, fake)
     slot = _slot(backend, "h100-k8s-1")
@@ -361,11 +357,20 @@ def test_timeout_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast, queueing)
     spec = _spec(lab, eid)
     handle = backend.launch(slot, spec)
     wait_until(lambda: backend.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
+    return backend, slot, spec, handle, backend.jobs.runs[f"{eid}/1"]
+
+
+@pytest.mark.parametrize("queueing", [False, True], ids=["job-queued", "job-still-init"])
+def test_timeout_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast, queueing):
+    # on Slurm `sky exec` answers while the job is still INIT; SkyPilot's cancel then cancels
+    # nothing and the job runs on to its own limit (the CI failure of the real conformance suite)
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=0.5 / SCALE if queueing else 1.0)
+    backend, slot, spec, handle, run = _hang_running(sky_lab, fake.install(monkeypatch))
     backend.kill(slot, spec, handle)  # what the controller does at the deadline
     ended = _wait_exit(backend, slot, spec, handle, timeout=10)
     assert ended.exit_code is None and not ended.lost and ended.detail == "job cancelled"
     cancels = [c for c in fake.calls if c[0] == "cancel"]
-    assert all(c[1][1] == [backend.jobs.runs[f"{eid}/1"].job_id] for c in cancels)
+    assert all(c[1][1] == [run.job_id] for c in cancels)
     assert len(cancels) >= (2 if queueing else 1)  # the first one found the job INIT
     backend.close()
 
@@ -374,15 +379,8 @@ def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_p
     # a stopping controller kills its runs and closes at once, so no monitor is left to send
     # the cancel again: a job still INIT (Slurm) at that moment would run on to its own limit
     fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=0.5 / SCALE).install(monkeypatch)
-    lab = sky_lab()
-    backend = _backend(lab, fake)
-    slot = _slot(backend, "h100-k8s-1")
-    eid = submit(lab, "hang", "h100", MODE='"hang"')
-    spec = _spec(lab, eid)
-    handle = backend.launch(slot, spec)
-    wait_until(lambda: backend.jobs.runs[f"{eid}/1"].state == "running", timeout=10)
-    job_id = backend.jobs.runs[f"{eid}/1"].job_id
-    job = next(c.jobs[job_id] for c in fake.clusters.values() if c.name == handle["cluster"])
+    backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
+    job = fake.clusters[handle["cluster"]].jobs[run.job_id]
     assert job.status.value == "INIT"
     backend.kill(slot, spec, handle)  # what the controller's shutdown does, then `cleanup` and `close`
     backend.cleanup(spec)
