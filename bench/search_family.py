@@ -44,7 +44,7 @@ replace, so the verdict rule is the synchronous one.
 
 Usage: .venv/bin/python bench/search_family.py [--set dev|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
-           [--tolerance 0.5] [--rolling 0.75] [--option NAME=VALUE ...] [--json out.json] [--verbose]
+           [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ HELDOUT5_MEMBERS = [f"h{i}" for i in range(32, 40)]
 HELDOUT6_MEMBERS = [f"h{i}" for i in range(40, 48)]
 # `heldout6` was read once, for that version (2026-12-01 22:07). `heldout7` (h48-h55 = member
 # seeds 1048-1055, seeds 700-719) judges what session 6 builds on dev (issue 17, 2026-12-02), read
-# once, at the end, for the version kept; its 2-wave ceiling (bench/search_levers.py) is read
+# once, at the end, for the version kept; its 2-wave ceiling (`--levers`) is read
 # with it.
 HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
 SETS = {
