@@ -389,6 +389,27 @@ def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_p
     assert len([c for c in fake.calls if c[0] == "cancel"]) >= 2  # the first one found the job INIT
 
 
+def test_a_closing_backend_cancels_a_killed_run_whose_exec_is_in_flight(sky_lab, tmp_path, monkeypatch, fast):
+    # stopped while `sky exec` has not answered yet: the job appears after the kill, and close
+    # must wait for its id and see it cancelled, or it would run on with no controller left
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, exec_seconds=0.5 / SCALE).install(monkeypatch)
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    backend.up()
+    eid = submit(lab, "hang", "h100", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    run = backend.jobs.runs[f"{eid}/1"]
+    wait_until(lambda: fake.count("exec") >= 1, timeout=10)
+    assert run.job_id is None  # the exec is still in flight
+    backend.kill(slot, spec, handle)
+    backend.cleanup(spec)
+    backend.close()
+    assert run.job_id is not None
+    assert fake.clusters[handle["cluster"]].jobs[run.job_id].status.value == "CANCELLED"
+
+
 def test_log_retrieval_is_retried_then_infra(sky_lab, fake):
     lab = sky_lab()
     backend = _backend(lab, fake, log_retries=3)

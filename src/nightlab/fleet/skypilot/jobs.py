@@ -243,14 +243,14 @@ class Jobs:
         SkyPilot ignores (`_cancel_again`), and the job would run on to its own limit. A kill
         whose exec is still in flight waits for its job id (`_running` cancels it then).
         """
-        sdk, settled = self.shared.sdk, set()
+        sdk, settled = self.shared.sdk, set[str]()
         while True:
             with self.shared.lock:
                 waiting = [r for r in self._killed if r.job_id is None and r.ended is None]
                 to_check = [
                     r
                     for r in self._killed
-                    if r.job_id is not None and r.ended is None and id(r) not in settled
+                    if r.job_id is not None and r.ended is None and r.key not in settled
                 ]
             if (not waiting and not to_check) or time.time() >= deadline:
                 return
@@ -263,12 +263,12 @@ class Jobs:
                     statuses = sdk.get(sdk.job_status(name, [r.job_id for r in runs]))
                 except Exception as e:  # its cluster is gone, or the API server is: nothing to cancel
                     log.info("job status on %s at close: %s", name, one_line(e))
-                    settled.update(id(r) for r in runs)
+                    settled.update(r.key for r in runs)
                     continue
                 for run in runs:
                     status = status_name(statuses.get(run.job_id))
                     if status is None or status in TERMINAL:
-                        settled.add(id(run))
+                        settled.add(run.key)
                         continue
                     with self.shared.lock:
                         answered = run.cancel_answered
