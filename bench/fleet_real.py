@@ -1,10 +1,12 @@
-"""Fleet efficiency on the real path: the real SkyPilot on a local Slurm cluster, with and without pipelining.
+"""Fleet efficiency on the real path: the real SkyPilot on a local Slurm cluster, runner against `sky exec`.
 
 2 SkyPilot workers (`infra = "slurm/localslurm"`, the cluster of tests/skypilot_real/localsky.py),
 N experiments of a synthetic target that sleeps S seconds and reports `training_seconds: S`.
-The clusters are launched once; then the same batch runs on them once per `--pipeline` value,
-side by side: `true` (the default: two experiments queued on each cluster's job queue behind the
-one that runs), `false` (`sky exec` only once the previous run has been recorded), or a depth.
+The clusters are launched once; then the same batch runs on them once per `--modes` value, side
+by side: `runner` (the default on Slurm: one resident runner job per cluster, started by
+`fleet up` before the batch, fed two experiments ahead), `exec:true` (`runner = false`: one
+`sky exec` per experiment, two queued on each cluster's job queue behind the one that runs),
+`exec:false` (`sky exec` only once the previous run has been recorded), or `exec:<depth>`.
 Each batch prints one JSON line, with the load average (1 min) before and after it.
 
     efficiency = sum(training seconds) / worker-held seconds
@@ -27,7 +29,7 @@ first start: its first `sky exec`, mean), `record_s` (the last command's end -> 
 ledger) and `idle_end_s` (a worker that finished before the other, mean).
 
 Usage (as root, like the tests; brings up and tears down the local cluster):
-    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--pipeline true false]
+    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--modes runner exec:true]
 """
 
 from __future__ import annotations
@@ -67,14 +69,21 @@ def git(lab: Path, *args: str) -> None:
 
 
 def batch(
-    lab: Path, env: dict[str, str], *, pipeline: str, runs: int, seconds: float, seed0: int
+    lab: Path, env: dict[str, str], *, mode: str, runs: int, seconds: float, seed0: int
 ) -> dict[str, object]:
-    """Submit `runs` experiments, run them on the two clusters with `pipeline = <pipeline>`, measure."""
+    """Submit `runs` experiments, run them on the two clusters in `mode` (module docstring), measure."""
     from nightlab.ledger import open_ledger
 
+    runner = mode == "runner"
+    pipeline = "true" if runner else mode.removeprefix("exec:")
     toml = lab / "nightlab.toml"
-    toml.write_text(re.sub(r"(?m)^pipeline = .*$", f"pipeline = {pipeline}", toml.read_text()))
-    git(lab, "commit", "-qam", f"pipeline = {pipeline}", "--allow-empty")
+    text = re.sub(r"(?m)^pipeline = .*$", f"pipeline = {pipeline}", toml.read_text())
+    toml.write_text(re.sub(r"(?m)^runner = .*$", f"runner = {str(runner).lower()}", text))
+    git(lab, "commit", "-qam", f"mode {mode}", "--allow-empty")
+    if runner:  # what a user does: `fleet up` starts each cluster's runner before the batch
+        t = time.time()
+        nightlab("fleet", "up", "--json", cwd=lab, env=env, timeout=1800)
+        print(f"fleet up (runners) in {time.time() - t:.0f} s", file=sys.stderr)
     load_before = os.getloadavg()[0]
     ids = []
     for i in range(runs):
@@ -154,6 +163,7 @@ def batch(
         round(statistics.mean(last - e for e in worker_ends), 1) if worker_ends else None
     )
     return {
+        "mode": mode,
         "pipeline": pipeline,
         "runs": runs,
         "seconds": seconds,
@@ -208,8 +218,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument(
-        "--pipeline", nargs="+", default=["true", "false"],
-        help="the pool's `pipeline` value of each batch, run in this order (true = 2 queued, false = 0)",
+        "--modes", nargs="+", default=["runner", "exec:true"],
+        help="each batch's mode, run in this order: runner, or exec:<pipeline> (true = 2 queued, false = 0)",
     )  # fmt: skip
     args = parser.parse_args()
     local = LocalSky()
@@ -226,17 +236,15 @@ def main() -> None:
             lab = root / "lab"
             nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "1",
                      "--timeout", str(int(args.seconds) + 60), cwd=root, env=env)  # fmt: skip
-            add_pool(lab, local.base, extra=f"pipeline = {args.pipeline[0]}\n")
+            add_pool(lab, local.base, extra="pipeline = true\nrunner = true\n")
             git(lab, "add", "-A")
             git(lab, "commit", "-qm", "bench pool")
             t = time.time()
             nightlab("fleet", "up", "--json", cwd=lab, env=env, timeout=1800)
             print(f"fleet up (2 clusters) in {time.time() - t:.0f} s", file=sys.stderr)
             try:
-                for i, pipeline in enumerate(args.pipeline):
-                    result = batch(
-                        lab, env, pipeline=pipeline, runs=args.runs, seconds=args.seconds, seed0=1000 * i
-                    )
+                for i, mode in enumerate(args.modes):
+                    result = batch(lab, env, mode=mode, runs=args.runs, seconds=args.seconds, seed0=1000 * i)
                     print(json.dumps(result), flush=True)
             finally:
                 subprocess.run(

@@ -646,6 +646,11 @@ slurm:
                     found.append(int(proc.name))
         return found
 
+    def resident_claims(self) -> list[Path]:
+        """Every run a resident runner claimed on this run's clusters (`resident.py`'s `claimed/`)."""
+        home = Path(pwd.getpwnam(SSH_USER).pw_dir) / ".sky_clusters"
+        return sorted(home.glob(f"*{self.user_hash}*/.nightlab/resident/*/claimed/*"))
+
     def jobs(self) -> list[str]:
         """Slurm jobs of this run (all users), as `id state name` lines."""
         out = _run(["squeue", "-h", "-o", "%i %T %j"], env=self.environ(), timeout=15, check=False)

@@ -127,7 +127,9 @@ def _open_attempt(lab: Path, eid: str):
     if not running:
         return None
     sky = Path(running[0].log_path or "").with_name("sky.json")
-    return running[0] if sky.exists() and "job_id" in sky.read_text() else None
+    text = sky.read_text() if sky.exists() else ""
+    # its SkyPilot job exists, or its resident runner has started it
+    return running[0] if "job_id" in text or "started_at" in text else None
 
 
 def _slurm_job_of(local_sky, cluster: str) -> str:
@@ -221,7 +223,9 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
     for eid in remote.values():
         (last,) = [a for a in tries[eid] if a.failure != "infra"] or tries[eid][-1:]
         assert Path(last.log_path).exists()
-    # nothing ran twice: one SkyPilot job per attempt over both clusters
+    # nothing ran twice. The runs went through each cluster's resident runner (one SkyPilot job
+    # per runner, no exec per experiment), which claims each attempt by name once: no attempt's
+    # name is claimed twice over all runners of both clusters
     jobs = []
     for worker in WORKERS:
         queue = subprocess.run(
@@ -230,8 +234,13 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
             capture_output=True,
             text=True,
         ).stdout
-        jobs += [w for w in queue.split() if w.startswith("nightlab-e")]
-    assert len(jobs) == len(set(jobs)), jobs
+        jobs += [w for w in queue.split() if w.startswith("nightlab-")]
+    assert not [j for j in jobs if j.startswith("nightlab-e")], jobs
+    assert any(j.startswith("nightlab-runner-") for j in jobs), jobs
+    names = {f"{eid}-a{a.number}" for eid in remote.values() for a in tries[eid]}
+    claimed = [p.name for p in local_sky.resident_claims() if p.name in names]
+    assert len(claimed) == len(set(claimed)), sorted(claimed)
+    assert {f"{remote['baseline']}-a{tries[remote['baseline']][-1].number}"} <= set(claimed)
 
 
 # ---------------------------------------------------------------------------- conformance

@@ -63,7 +63,16 @@ _LOCAL_PATHS = {
 }  # paths on the controller's machine: meaningless remotely
 # a deeper queue commits experiments to a worker earlier for no gain: two hide an exec slower than a run
 MAX_QUEUE_DEPTH = 8
-POOL_OPTIONS = {"accelerators", "infra", "use_spot", "autostop", "autodown", "hourly_price", "pipeline"}
+POOL_OPTIONS = {
+    "accelerators",
+    "infra",
+    "use_spot",
+    "autostop",
+    "autodown",
+    "hourly_price",
+    "pipeline",
+    "runner",
+}
 
 WORKER_YAML = """\
 # The SkyPilot task of every nightlab worker cluster (one cluster per worker).
@@ -233,6 +242,21 @@ def check_pool(pool: PoolConfig) -> None:
             f"unknown key `{unknown[0]}` in the skypilot pool of tier `{pool.tier}`; "
             f"known keys: backend, tier, workers, {', '.join(sorted(POOL_OPTIONS))}"
         )
+    runner = pool.options.get("runner", True)
+    if not isinstance(runner, bool):
+        raise UsageError(
+            f"`runner = {runner!r}` in the skypilot pool of tier `{pool.tier}`: use true (a resident "
+            "runner per Slurm cluster, the default) or false (one `sky exec` per experiment)"
+        )
+    if (
+        runner is True
+        and "runner" in pool.options
+        and not str(pool.options.get("infra", "")).startswith("slurm/")
+    ):
+        raise UsageError(
+            f'`runner = true` in the skypilot pool of tier `{pool.tier}` needs `infra = "slurm/<cluster>"` '
+            "(the runner is reached through that cluster's entry in ~/.slurm/config); remove `runner`"
+        )
     depth = pool.options.get("pipeline", True)
     if not isinstance(depth, int) or (not isinstance(depth, bool) and not 0 <= depth <= MAX_QUEUE_DEPTH):
         raise UsageError(
@@ -393,8 +417,10 @@ class JobLogSink(io.TextIOBase):
         *,
         active: Callable[[], bool] | None = None,
         on_tag: Callable[[str, str], None] | None = None,
+        raw: bool = False,
     ) -> None:
         super().__init__()
+        self._raw = raw  # every line is the job's own: a resident runner's log has no SkyPilot prefix
         self.tags: dict[str, str] = {}
         self._on_tag = on_tag  # told of each tag as it streams in (the job's start)
         self._active = active  # False once another reader owns `out`: stop writing there
@@ -420,10 +446,13 @@ class JobLogSink(io.TextIOBase):
         if self._partial:
             self._take([self._partial])
             self._partial = ""
-        if not self._prefixed:
+        if not self._prefixed and not self._raw:
             self._emit(self._other)
 
     def _take(self, lines: list[str]) -> None:
+        if self._raw:
+            self._emit(lines)
+            return
         own = []
         for line in lines:
             if _PREFIX.match(line):

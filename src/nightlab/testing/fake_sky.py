@@ -133,6 +133,10 @@ class FakeSky:
         request_seconds: the API server's answer time for the small calls.
     """
 
+    # a fake cluster is a directory on this machine: the resident runner's helper runs here
+    # (`channel.local_argv`), where the real path goes over ssh and srun into the allocation
+    local_channels = True
+
     def __init__(
         self,
         root: Path,
@@ -180,6 +184,7 @@ class FakeSky:
         """
         for name in SDK_CALLS:
             monkeypatch.setattr(sky, name, getattr(self, name))
+        monkeypatch.setattr(sky, "local_channels", True, raising=False)  # a backend built on `sky` itself
         from sky.server import common
 
         # Set for the rest of the process, not through monkeypatch: a backend thread that outlives

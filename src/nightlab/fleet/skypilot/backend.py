@@ -75,6 +75,7 @@ class SkyPilotBackend(BaseBackend):
         backoff = core.RELAUNCH_BACKOFF if relaunch_backoff is None else relaunch_backoff
         self.clusters = Clusters(self.shared, config, self.pools, relaunch_backoff=backoff)
         self.jobs = Jobs(self.shared, self.clusters)
+        self.clusters.before_launch = self.jobs.residents.clear_for_launch
         if ledger is not None:
             self.use_ledger(ledger)
 
@@ -105,8 +106,10 @@ class SkyPilotBackend(BaseBackend):
         cluster = self.clusters.get(slot.name)
         self.jobs.start()
         with self.shared.lock:
-            if cluster.state == "up":
-                return True
+            up = cluster.state == "up"
+        if up:
+            self.jobs.residents.ensure(cluster)  # its resident runner, before the first lease needs it
+            return True
         self.clusters.ensure(cluster)
         return False
 
@@ -153,6 +156,7 @@ class SkyPilotBackend(BaseBackend):
         # a stopping controller kills its runs: see those cancels through, or the jobs would
         # hold their clusters while the requeued experiments wait behind them
         self.jobs.settle_kills(time.time() + core.CLOSE_GRACE)
+        self.jobs.residents.close()
         self.shared.flush()
 
     def _run(self, slot: WorkerSlot, spec: RunSpec) -> Run:
@@ -194,14 +198,23 @@ class SkyPilotBackend(BaseBackend):
                     lambda c=c: c.state in ("up", "failed", "down") or self.shared.stop.is_set(), timeout=1.0
                 ):
                     self.shared.flush()
+        residents = self.jobs.residents
+        for c in clusters:
+            residents.ensure(c)  # started now, a batch's first run does not wait for its runner
+        for c in clusters:
+            with residents.changed:
+                while residents.starting(c) and not self.shared.stop.is_set():
+                    residents.changed.wait(timeout=1.0)
+                    self.shared.flush()
         self.shared.flush()
-        return [c.view() for c in clusters]
+        return [{**c.view(), "runner": residents.view(c)} for c in clusters]
 
     def down(self) -> list[str]:
         """Tear down every cluster of this lab (the configured ones and leftovers); returns their names."""
         self._need_lab()
         sdk = self.sdk
         names = {self.clusters.get(w).name: w for w in self.pools}
+        self.jobs.residents.close()  # their helpers reach into allocations about to go
         prefix = f"nl-{lab_hash(self.lab_dir)}-"
         try:
             for record in sdk.get(sdk.status(cluster_names=None)):
@@ -227,6 +240,7 @@ class SkyPilotBackend(BaseBackend):
                     errors.append(f"`{name}`: {e}")
                     continue
             self.shared.event("cluster-down", names[name], {"cluster": name})
+        self.jobs.residents.forget_records()
         self.shared.flush()
         if errors:
             raise NightlabError(

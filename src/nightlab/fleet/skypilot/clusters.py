@@ -88,6 +88,7 @@ class Clusters:
         self.pools = pools
         self.relaunch_backoff = relaunch_backoff
         self.on_change: Any = None  # called with (worker, state, detail) on every change
+        self.before_launch: Any = None  # called with the cluster before each `sky.launch`
         self._clusters: dict[str, Cluster] = {}
         self._wheel: Wheel | None = None
 
@@ -140,8 +141,17 @@ class Clusters:
             refresh = _sky().StatusRefreshMode.AUTO  # refreshes clusters with autostop or spot
             records = sdk.get(sdk.status(cluster_names=[c.name for c in clusters], refresh=refresh))
         except Exception as e:
+            # no answer is not "down": relaunching a live cluster would queue its set-up behind the
+            # jobs (and the resident runner) that run there; the next `ensure` asks again
             log.warning("sky status failed: %s", e)
-            records = []
+            self.shared.stop.wait(core.STATUS_RETRY)
+            with self.shared.lock:
+                for c in clusters:
+                    if c.state == "checking":
+                        c.state = "unknown"
+            for c in clusters:
+                self.notify(c)
+            return
         by_name = {field_of(r, "name"): r for r in records}
         with self.shared.lock:
             last = dict(self.shared.last_cluster_event)
@@ -193,6 +203,8 @@ class Clusters:
         launch_log = log_dir / "launch.log"
         shared.event("cluster-launch", cluster.worker, {"cluster": cluster.name})
         try:
+            if self.before_launch is not None:
+                self.before_launch(cluster)
             task = cluster_task(
                 shared.lab_dir,
                 pool,

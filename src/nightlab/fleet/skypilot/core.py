@@ -39,6 +39,7 @@ STATUS_PATIENCE = 600.0  # seconds of unreadable job status (API server down) be
 RETRY_DELAY = 2.0  # first backoff between those tries (doubles)
 RELAUNCH_BACKOFF = 300.0  # wait after a failed launch (no capacity) before trying again
 DEFAULT_AUTOSTOP = 10  # idle minutes before a cluster stops itself
+STATUS_RETRY = 5.0  # seconds before a failed `sky status` of the clusters is asked again
 CLOSE_GRACE = 10.0  # seconds `close` spends seeing the killed runs' jobs end (`Jobs.settle_kills`)
 # seconds past its lease and one run's timeout that a run may wait to start before it is
 # requeued: a lost cluster's relaunch with set-up took 616 s on a loaded 2-core box (RESULTS.md)
@@ -58,6 +59,15 @@ FIND_PATIENCE = 150.0
 # seconds a queued run's `sky exec` waits for the first exec of an idle cluster to land before it
 # goes anyway (`Jobs._wait_turn`): one run's time to land is usually far longer than the wait
 EXEC_PRIORITY_WAIT = 120.0
+# the resident runner (`residents.py`): idle seconds with no controller before it exits,
+# seconds to bring one up (its exec, announcement and helper), seconds without an answer from
+# its helper before it is given up, seconds between polls of its runs, and seconds a fed run
+# may be missing from its files (a put that never landed) before it is tombed
+RESIDENT_IDLE = 600.0
+RESIDENT_READY_PATIENCE = 300.0
+CHANNEL_PATIENCE = 300.0
+FEED_INTERVAL = 0.25
+VAGUE_PATIENCE = 5.0
 TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
 EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")

@@ -35,6 +35,7 @@ from nightlab.fleet.skypilot.core import (
     run_key,
     status_name,
 )
+from nightlab.fleet.skypilot.residents import Residents, new_decoder
 
 STREAMS = 3  # log streams per job: SkyPilot's tail of a queued job gives up after 5 s, so follow again
 
@@ -58,6 +59,14 @@ class Run:
     submitting: bool = False  # `submit` owns it (not a re-attached run looking for its job)
     cancelling: bool = False  # a cancel of its job is in flight
     cancel_answered: float | None = None  # when SkyPilot last answered one
+    # handed to a resident runner (`residents.py`) instead of its own job:
+    fed: str | None = None  # the runner's epoch
+    putting: bool = False  # its put is in flight
+    kill_sent: bool = False  # its tomb was answered
+    offset: int = 0  # log bytes read so far
+    sink: Any = None  # where those go (`Jobs.sink`)
+    decoder: Any = None
+    vague_since: float | None = None  # when the runner's files first did not show it
 
 
 def _stamp(value: str) -> float | None:
@@ -78,6 +87,7 @@ class Jobs:
         self._monitor: threading.Thread | None = None
         self._seq = itertools.count(1)
         self._killed: list[Run] = []  # kept after `forget`: `settle_kills` checks them at close
+        self.residents = Residents(shared, clusters, self)
 
     def get(self, spec: RunSpec) -> Run | None:
         with self.shared.lock:
@@ -91,7 +101,9 @@ class Jobs:
 
     def forget(self, spec: RunSpec) -> None:
         with self.shared.lock:
-            self.runs.pop(run_key(spec), None)
+            run = self.runs.pop(run_key(spec), None)
+        if run is not None and run.fed is not None:
+            self.residents.forget(run)
 
     def request_kill(self, run: Run) -> None:
         """Mark the run killed and cancel its job when it exists (`_running` does it otherwise)."""
@@ -103,7 +115,11 @@ class Jobs:
             self._killed = [r for r in self._killed if r.ended is None] + [run]
         with run.cluster.changed:
             run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
-        if job_id is not None:
+        with self.residents.changed:
+            self.residents.changed.notify_all()  # and one waiting for its runner
+        if run.fed is not None:
+            self.residents.kill(run)
+        elif job_id is not None:
             self.shared.thread(self.cancel, run)
 
     # ------------------------------------------------------------------ submitting
@@ -112,7 +128,18 @@ class Jobs:
         """Wait for the cluster, `sky.exec` the task, and follow the job (a thread's body)."""
         cluster, sdk = run.cluster, self.shared.sdk
         for _ in range(2):  # a cluster found stopped (autostop) at exec time is relaunched once
-            if not self._wait_up(run) or not self._wait_turn(run):
+            if not self._wait_up(run):
+                return
+            while self.residents.enabled(cluster):
+                res = self.residents.ready(cluster, run)
+                if res is not None:
+                    self.residents.feed(res, run, task)
+                    return
+                if run.kill_requested or self.shared.stop.is_set() or not self.residents.enabled(cluster):
+                    break
+                if not self._wait_up(run):  # its cluster went while its runner came up
+                    return
+            if not self._wait_turn(run):
                 return
             try:
                 request = sdk.exec(task, cluster_name=cluster.name)
@@ -243,10 +270,13 @@ class Jobs:
         SkyPilot ignores (`_cancel_again`), and the job would run on to its own limit. A kill
         whose exec is still in flight waits for its job id (`_running` cancels it then).
         """
+        with self.shared.lock:
+            fed = [r for r in self._killed if r.fed is not None]
+        self.residents.settle(fed, deadline)
         sdk, settled = self.shared.sdk, set[str]()
         while True:
             with self.shared.lock:
-                waiting = [r for r in self._killed if r.job_id is None and r.ended is None]
+                waiting = [r for r in self._killed if r.job_id is None and r.fed is None and r.ended is None]
                 to_check = [
                     r
                     for r in self._killed
@@ -294,7 +324,9 @@ class Jobs:
         self.start()
         if saved.get("started_at") is not None:
             run.started_at = float(saved["started_at"])
-        if saved.get("job_id") is not None:
+        if isinstance(saved.get("resident"), dict) and saved["resident"].get("epoch"):
+            self.residents.attach(run, saved["resident"])
+        elif saved.get("job_id") is not None:
             self._running(run, int(saved["job_id"]))
         else:
             self.shared.thread(self._find_job, run)
@@ -354,6 +386,7 @@ class Jobs:
         while not self.shared.stop.wait(self.shared.status_interval):
             try:
                 self._check_jobs()
+                self.residents.check()
             except Exception:
                 log.exception("SkyPilot monitor turn failed")
 
@@ -362,7 +395,7 @@ class Jobs:
         with self.shared.lock:
             by_cluster: dict[str, list[Run]] = {}
             for run in self.runs.values():
-                if run.state == "running":
+                if run.state == "running" and run.fed is None:
                     by_cluster.setdefault(run.cluster.name, []).append(run)
         requests, asked = {}, time.time()
         for name, runs in by_cluster.items():
@@ -441,6 +474,7 @@ class Jobs:
                         None, lost=True, detail=f"cluster `{cluster.name}` is no longer up ({detail})"
                     )
                     self._end(run, ended)
+        self.residents.cluster_lost(cluster, detail)
         self.clusters.down(cluster, detail)
 
     # ------------------------------------------------------------------ reading the log
@@ -454,13 +488,7 @@ class Jobs:
         """
 
         # once the monitor has taken the run over, it rewrites the log: this stream stops writing
-        def on_tag(key: str, value: str) -> None:
-            if key == "start":
-                self._started(run, value)
-            elif key == "end":  # when the command ended, by the worker's clock (bench/fleet_real.py)
-                self._save(run, command_ended_at=_stamp(value))
-
-        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running", on_tag=on_tag)
+        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running", on_tag=self._on_tag(run))
         try:
             code = self.shared.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
         except Exception as e:
@@ -479,6 +507,20 @@ class Jobs:
                 return
             run.state = "fetching"
         self._finish(run, status, sink.tags)
+
+    def _on_tag(self, run: Run) -> Any:
+        def on_tag(key: str, value: str) -> None:
+            if key == "start":
+                self._started(run, value)
+            elif key == "end":  # when the command ended, by the worker's clock (bench/fleet_real.py)
+                self._save(run, command_ended_at=_stamp(value))
+
+        return on_tag
+
+    def sink(self, run: Run) -> JobLogSink:
+        """A fresh log for a run a resident runner runs (its log has no SkyPilot prefixes)."""
+        run.offset, run.decoder = 0, new_decoder()
+        return JobLogSink(run.spec.log_path, on_tag=self._on_tag(run), raw=True)
 
     def _fetch(self, run: Run, status: str) -> None:
         try:
@@ -515,5 +557,6 @@ class Jobs:
         elif status == "CANCELLED":
             ended = RunExit(None, detail="job cancelled", code=code)
         else:  # the run script itself died (driver failure, OOM kill of the node)
-            ended = RunExit(None, lost=True, detail=f"job {run.job_id} ended {status} without an exit status")
+            what = f"job {run.job_id}" if run.fed is None else f"its run script on runner {run.fed}"
+            ended = RunExit(None, lost=True, detail=f"{what} ended {status} without an exit status")
         self._end(run, ended)
