@@ -55,11 +55,12 @@ def lab(make_lab) -> Path:
     return make_lab(1, timeout=30, extra_pools=RUNNER_POOL)
 
 
-def test_the_conformance_suite_through_the_runner(lab, fake):
+def test_the_conformance_suite_through_the_runner_and_through_exec(lab, fake):
+    # what tests/skypilot_real runs on the real SDK: a Slurm pool's runner, and `runner = false`
     from nightlab.testing.skypilot_conformance import EXPECTED, Suite
 
-    got = Suite(lab, sdk=fake, patience=30).run_all(["slurm-slurm-0", "slurm-slurm-1"])
-    assert got == EXPECTED
+    got = Suite(lab, sdk=fake, patience=30).run_modes("slurm-slurm-0", "slurm-slurm-1")
+    assert got == {"runner": EXPECTED, "exec": EXPECTED}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -195,8 +196,10 @@ def test_a_lost_cluster_ends_the_runner_s_runs_once_as_infra(lab, fake):
     try:
         up(backend, slot)
         running, queued = spec_of(lab, "e9003", HANG), spec_of(lab, "e9004", OK)
-        handles = [backend.launch(slot, running), backend.launch(slot, queued)]
+        handles = [backend.launch(slot, running)]
         wait_until(lambda: backend_of_run_started(backend, running), timeout=30)
+        handles.append(backend.launch(slot, queued))  # queued behind the hung one on the runner
+        wait_until(lambda: (r := backend.jobs.get(queued)) and r.fed and not r.putting, timeout=30)
         fake.preempt(backend.cluster(slot.name).name)
         ends = [end(backend, slot, s, h) for s, h in zip([running, queued], handles, strict=True)]
         assert all(e.lost and e.exit_code is None for e in ends), ends

@@ -18,6 +18,8 @@ its id or, when the id was never saved, by its name.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -69,6 +71,7 @@ class Suite:
         self.sdk = sdk
         self.patience = patience
         self.config = load_config(self.lab / "nightlab.toml")
+        self.exec_workers: set[str] = set()  # workers whose backends run one `sky exec` per run (`run_modes`)
         self.slots = {
             s.name: s for p in self.config.fleet.pools if p.backend == "skypilot" for s in skypilot_slots(p)
         }
@@ -78,8 +81,17 @@ class Suite:
         self._n = 0
         self._lock = threading.Lock()
 
-    def backend(self) -> SkyPilotBackend:
-        return SkyPilotBackend(self.config, lab_dir=self.lab, sdk=self.sdk)
+    def backend(self, slot: WorkerSlot | None = None) -> SkyPilotBackend:
+        config = self.config
+        if slot is not None and slot.name in self.exec_workers:
+            pools = [
+                dataclasses.replace(p, options={**p.options, "runner": False})
+                if p.backend == "skypilot"
+                else p
+                for p in config.fleet.pools
+            ]
+            config = dataclasses.replace(config, fleet=dataclasses.replace(config.fleet, pools=pools))
+        return SkyPilotBackend(config, lab_dir=self.lab, sdk=self.sdk)
 
     def spec(self, name: str, code: str, slot: WorkerSlot) -> RunSpec:
         with self._lock:
@@ -114,7 +126,7 @@ class Suite:
     def ok(self, slot: WorkerSlot) -> dict[str, Any]:
         from nightlab.fleet.runner import parse_summary, read_tail
 
-        backend = self.backend()
+        backend = self.backend(slot)
         try:
             self._until_up(backend, slot)
             spec = self.spec("ok", OK, slot)
@@ -129,7 +141,7 @@ class Suite:
     def crash(self, slot: WorkerSlot) -> dict[str, Any]:
         from nightlab.fleet.runner import read_tail
 
-        backend = self.backend()
+        backend = self.backend(slot)
         try:
             self._until_up(backend, slot)
             spec = self.spec("crash", CRASH, slot)
@@ -146,7 +158,7 @@ class Suite:
             backend.close()
 
     def live_log(self, slot: WorkerSlot) -> dict[str, Any]:
-        backend = self.backend()
+        backend = self.backend(slot)
         try:
             self._until_up(backend, slot)
             spec = self.spec("live", SLOW, slot)
@@ -167,7 +179,7 @@ class Suite:
             backend.close()
 
     def timeout(self, slot: WorkerSlot) -> dict[str, Any]:
-        backend = self.backend()
+        backend = self.backend(slot)
         try:
             self._until_up(backend, slot)
             spec = self.spec("timeout", HANG, slot)
@@ -186,7 +198,7 @@ class Suite:
         controller must find the run ended by that kill, not running on (a hung run would keep it
         waiting past `patience`).
         """
-        backend = self.backend()
+        backend = self.backend(slot)
         self._until_up(backend, slot)
         spec = self.spec("close", HANG, slot)
         handle = backend.launch(slot, spec)
@@ -194,7 +206,7 @@ class Suite:
         backend.kill(slot, spec, handle)
         backend.cleanup(spec)
         backend.close()
-        second = self.backend()
+        second = self.backend(slot)
         try:
             ended = self._end(second, slot, spec, handle)
             return {"exit_code": ended.exit_code, "lost": ended.lost}
@@ -202,7 +214,7 @@ class Suite:
             second.close()
 
     def reattach_by_id(self, slot: WorkerSlot) -> dict[str, Any]:
-        first = self.backend()
+        first = self.backend(slot)
         self._until_up(first, slot)
         spec = self.spec("reattach", SLOW, slot)
         handle = first.launch(slot, spec)
@@ -214,7 +226,7 @@ class Suite:
 
         _wait(found, self.patience, "no job id or runner")
         first.close()  # the controller dies; the job goes on
-        second = self.backend()
+        second = self.backend(slot)
         try:
             ended = self._end(second, slot, spec, handle)
             return {"exit_code": ended.exit_code, "lost": ended.lost}
@@ -222,7 +234,7 @@ class Suite:
             second.close()
 
     def reattach_by_name_and_kill(self, slot: WorkerSlot) -> dict[str, Any]:
-        first = self.backend()
+        first = self.backend(slot)
         self._until_up(first, slot)
         spec = self.spec("by-name", HANG, slot)
         handle = first.launch(slot, spec)
@@ -230,14 +242,16 @@ class Suite:
         first.close()
         if first.jobs.runs[f"{spec.experiment_id}/{spec.attempt}"].fed is None:
             (spec.run_dir / "sky.json").unlink()  # died between `sky exec` and learning the job id
-        second = self.backend()
+        second = self.backend(slot)
         try:
             second.poll(slot, spec, handle)
             key = f"{spec.experiment_id}/{spec.attempt}"
             found = _wait(
-                lambda: second.jobs.runs[key].job_id is not None
-                or second.jobs.runs[key].fed is not None
-                or second.jobs.runs[key].ended,
+                lambda: (
+                    second.jobs.runs[key].job_id is not None
+                    or second.jobs.runs[key].fed is not None
+                    or second.jobs.runs[key].ended
+                ),
                 self.patience,
                 "not found",
             )
@@ -274,7 +288,40 @@ class Suite:
             t.join()
         return {name: results[name] for name in names}
 
+    def run_modes(self, runner_worker: str, exec_worker: str) -> dict[str, Any]:
+        """Every scenario twice at once: on a resident runner, and with one `sky exec` per run.
 
-if __name__ == "__main__":  # the real-SDK run: `python -m nightlab.testing.skypilot_conformance LAB W1 [W2]`
-    lab_dir, *worker_names = sys.argv[1:]
-    print(json.dumps(Suite(Path(lab_dir)).run_all(worker_names)))
+        The exec worker's backends are built with `runner = false`, so the first of them retires
+        the runner `fleet up` started there (its job would hold the cluster's queue).
+        """
+        self.exec_workers.add(exec_worker)
+        out: dict[str, Any] = {}
+        lanes = [
+            threading.Thread(target=lambda: out.update(runner=self.run_all([runner_worker]))),
+            threading.Thread(target=lambda: out.update(exec=self.run_all([exec_worker]))),
+        ]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join()
+        return out
+
+
+def main(argv: list[str]) -> None:
+    """The real-SDK run: `python -m nightlab.testing.skypilot_conformance LAB W1 [W2]`, or
+    `LAB --runner W1 --exec W2` for both modes of a Slurm pool (`Suite.run_modes`)."""
+    parser = argparse.ArgumentParser(prog="python -m nightlab.testing.skypilot_conformance")
+    parser.add_argument("lab", type=Path)
+    parser.add_argument("workers", nargs="*")
+    parser.add_argument("--runner")
+    parser.add_argument("--exec", dest="exec_worker")
+    args = parser.parse_args(argv)
+    suite = Suite(args.lab)
+    if args.runner and args.exec_worker:
+        print(json.dumps(suite.run_modes(args.runner, args.exec_worker)))
+    else:
+        print(json.dumps(suite.run_all(args.workers)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -123,7 +123,9 @@ class Channel:
                 answer = self._answers.pop(rid, None)
             if answer is None and proc.poll() is not None:
                 self._drop(proc, f"it exited ({proc.returncode})")
-                raise ChannelError(f"the runner's helper exited ({proc.returncode}) before it answered `{op}`")
+                raise ChannelError(
+                    f"the runner's helper exited ({proc.returncode}) before it answered `{op}`"
+                )
             if answer is None:
                 self._drop(proc, f"no answer to `{op}` in {timeout:.0f} s")
                 raise ChannelError(f"the runner's helper did not answer `{op}` in {timeout:.0f} s")

@@ -83,6 +83,7 @@ class Resident:
     runs: dict[str, Run] = field(default_factory=dict)  # by run name
     forgets: list[str] = field(default_factory=list)  # run names whose files may go
     broken_since: float | None = None  # when its helper last stopped answering
+    finding: bool = False  # its job id is being looked up by name (`check`)
     wake: threading.Event = field(default_factory=threading.Event)
 
 
@@ -237,6 +238,8 @@ class Residents:
         if not epoch:
             return None
         res = self.resident(cluster, str(epoch), record.get("job_id"))
+        if res.state in ("retiring", "dead"):  # given up by this backend: a new one queues behind it
+            return None
         if record.get("source") != SOURCE_HASH:
             self._retire(res, f"it runs other code ({record.get('source')})")
             return None
@@ -507,10 +510,10 @@ class Residents:
                 else:
                     self.clusters.ensure(res.cluster)
             if res.job_id is None:
-                if res.state != "attaching":
-                    res.job_id = self._find(res.cluster, res.epoch)
-                if res.job_id is None:
-                    continue
+                if res.state == "retiring" and not res.finding:
+                    res.finding = True  # by name, off the monitor's thread: it may take `FIND_PATIENCE`
+                    self.shared.thread(self._find_or_bury, res)
+                continue
             sdk = self.shared.sdk
             try:
                 status = status_name(sdk.get(sdk.job_status(res.cluster.name, [res.job_id])).get(res.job_id))
@@ -524,6 +527,15 @@ class Residents:
                 self._dead(res, f"its job is {status or 'gone'}")
             elif res.state == "retiring":
                 self.shared.thread(self._cancel, res)
+
+    def _find_or_bury(self, res: Resident) -> None:
+        job_id = self._find(res.cluster, res.epoch)
+        with self.shared.lock:
+            res.job_id, res.finding = job_id, False
+        if job_id is None and not self.shared.stop.is_set():
+            self._dead(res, "no job of it on the cluster")
+        elif job_id is not None:
+            self._cancel(res)
 
     def cluster_lost(self, cluster: Cluster, detail: str) -> None:
         """The cluster is gone, and every runner on it with it (their runs end `infra` with the cluster)."""
