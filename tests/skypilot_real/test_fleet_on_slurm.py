@@ -263,7 +263,10 @@ def test_the_conformance_suite_on_the_real_sdk(lab, env):
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"runner": EXPECTED, "exec": EXPECTED}
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(got) == ["exec", "runner"]
+    differing = {(mode, k): v for mode in got for k, v in got[mode].items() if v != EXPECTED[k]}
+    assert not differing
 
 
 # ---------------------------------------------------------------------------- fleet down

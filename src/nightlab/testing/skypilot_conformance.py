@@ -206,12 +206,7 @@ class Suite:
         backend.kill(slot, spec, handle)
         backend.cleanup(spec)
         backend.close()
-        second = self.backend(slot)
-        try:
-            ended = self._end(second, slot, spec, handle)
-            return {"exit_code": ended.exit_code, "lost": ended.lost}
-        finally:
-            second.close()
+        return self._seen_by_the_next_controller(slot, spec, handle)
 
     def reattach_by_id(self, slot: WorkerSlot) -> dict[str, Any]:
         first = self.backend(slot)
@@ -226,6 +221,10 @@ class Suite:
 
         _wait(found, self.patience, "no job id or runner")
         first.close()  # the controller dies; the job goes on
+        return self._seen_by_the_next_controller(slot, spec, handle)
+
+    def _seen_by_the_next_controller(self, slot: WorkerSlot, spec: RunSpec, handle: dict) -> dict[str, Any]:
+        """How a new backend (a restarted controller) sees the run end."""
         second = self.backend(slot)
         try:
             ended = self._end(second, slot, spec, handle)

@@ -196,8 +196,9 @@ class Runner:
                 os.rename(os.path.join(self.dir, "inbox", entry), os.path.join(self.dir, "claimed", name))
             except FileNotFoundError:
                 continue
-            if os.path.exists(os.path.join(self.dir, "tomb", name)):
-                _write(self._status(name), {"skipped": True, "ended": time.time()})
+            tomb = os.path.join(self.dir, "tomb", name)
+            if os.path.exists(tomb):
+                _write(self._status(name), {"skipped": True, "why": _tomb_why(tomb), "ended": time.time()})
             else:
                 self.run(name)
             last_work = time.time()
@@ -264,13 +265,22 @@ class Runner:
 # ---------------------------------------------------------------------------- the helper
 
 
+def _tomb_why(path: str) -> str:
+    """Why a run was tombed: `kill` (the controller's kill) or `void` (a put it could not find)."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or "kill"
+    except OSError:
+        return "kill"
+
+
 def state_of(epoch_dir: str, name: str) -> str:
     """unknown | limbo | queued | running | done | dropped, read in lifecycle order (module docstring)."""
 
     def has(*parts: str) -> bool:
         return os.path.exists(os.path.join(epoch_dir, *parts))
 
-    tombed = has("tomb", name)
+    tombed = has("tomb", name)  # first: a tomb before any claim is a drop (module docstring)
     state = "unknown"
     if has("runs", name):
         state = "limbo"
@@ -342,7 +352,10 @@ class Helper:
     def op_tomb(self, req: dict) -> dict:
         d, name = self._dir(req), _name(req["name"])
         os.makedirs(os.path.join(d, "tomb"), exist_ok=True)
-        _touch(os.path.join(d, "tomb", name))
+        path = os.path.join(d, "tomb", name)
+        if not os.path.exists(path):  # the first reason stays
+            with open(path, "w") as f:
+                f.write("void" if req.get("why") == "void" else "kill")
         return {"state": state_of(d, name)}
 
     def op_poll(self, req: dict) -> dict:
@@ -352,6 +365,8 @@ class Helper:
             name, offset = _name(item["name"]), int(item.get("offset", 0))
             state = state_of(d, name)
             answer: dict = {"state": state}
+            if state == "dropped":
+                answer["why"] = _tomb_why(os.path.join(d, "tomb", name))
             if state == "done":
                 answer["status"] = _read(os.path.join(d, "runs", name, "status.json"))
             if state in ("running", "done"):

@@ -467,12 +467,12 @@ class Residents:
             self._done(run, seen.get("status") or {})
         elif state == "dropped":
             if self._claim(run):
-                self.jobs._end(run, _dropped(run, res))
+                self.jobs._end(run, _dropped(run, res, seen.get("why")))
         elif not run.putting:  # unknown or limbo: a put that never landed, or is half done
             now = time.time()
             run.vague_since = run.vague_since or now
             if now - run.vague_since > core.VAGUE_PATIENCE:
-                channel.ask("tomb", epoch=res.epoch, name=run_name(run))  # now it can never run
+                channel.ask("tomb", epoch=res.epoch, name=run_name(run), why="void")  # now it can never run
         return False
 
     def _done(self, run: Run, status: dict[str, Any]) -> None:
@@ -481,7 +481,7 @@ class Residents:
         run.sink.write(run.decoder.decode(b"", final=True))
         run.sink.finish()
         if status.get("skipped"):
-            self.jobs._end(run, _dropped(run, None))
+            self.jobs._end(run, _dropped(run, None, status.get("why")))
         elif status.get("stopped") or status.get("error"):
             why = "its runner was stopped" if status.get("stopped") else status["error"]
             self.jobs._end(run, RunExit(None, lost=True, detail=f"the run ended with its runner: {why}"))
@@ -704,8 +704,9 @@ def run_name(run: Run) -> str:
     return f"{run.spec.experiment_id}-a{run.spec.attempt}"
 
 
-def _dropped(run: Run, res: Resident | None) -> RunExit:
-    if run.kill_requested:
+def _dropped(run: Run, res: Resident | None, why: str | None) -> RunExit:
+    """A run tombed before it started: killed (by this controller or an earlier one), or voided."""
+    if run.kill_requested or why == "kill":
         return RunExit(None, detail="stopped before it started")
     where = f" on `{res.cluster.name}`" if res is not None else ""
     return RunExit(None, lost=True, detail=f"the runner{where} dropped it before it started")
