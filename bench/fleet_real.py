@@ -29,7 +29,7 @@ first start: its first `sky exec`, mean), `record_s` (the last command's end -> 
 ledger) and `idle_end_s` (a worker that finished before the other, mean).
 
 Usage (as root, like the tests; brings up and tears down the local cluster):
-    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--modes runner exec:true]
+    .venv/bin/python bench/fleet_real.py [--runs 12] [--seconds 60] [--modes exec:true runner]
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument(
-        "--modes", nargs="+", default=["runner", "exec:true"],
+        "--modes", nargs="+", default=["exec:true", "runner"],
         help="each batch's mode, run in this order: runner, or exec:<pipeline> (true = 2 queued, false = 0)",
     )  # fmt: skip
     args = parser.parse_args()
@@ -236,7 +236,10 @@ def main() -> None:
             lab = root / "lab"
             nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "1",
                      "--timeout", str(int(args.seconds) + 60), cwd=root, env=env)  # fmt: skip
-            add_pool(lab, local.base, extra="pipeline = true\nrunner = true\n")
+            # the first batch's mode from the start: a runner that `fleet up` started would otherwise be
+            # retired by an exec batch's controller first, and its cancel counted in that batch
+            first_runner = str(args.modes[0] == "runner").lower()
+            add_pool(lab, local.base, extra=f"pipeline = true\nrunner = {first_runner}\n")
             git(lab, "add", "-A")
             git(lab, "commit", "-qm", "bench pool")
             t = time.time()
