@@ -311,14 +311,17 @@ def test_a_runner_whose_exec_answer_was_lost_is_found_by_name(lab, fake):
         backend.close()
 
 
-def test_a_run_of_a_dead_runner_found_at_reattach_ends_once_as_infra(lab, fake):
-    # a stale epoch (F9): its runner's job ended while no controller watched
+def test_runs_of_a_dead_runner_found_at_reattach_end_once_as_infra(lab, fake):
+    # a stale epoch (F9): its runner's job ended while no controller watched; the second run is
+    # re-attached only after the new controller has seen that runner end
     first = backend_of(lab, fake)
     slot = slot_of(lab)
     up(first, slot)
-    spec = spec_of(lab, "e9011", HANG)
+    spec, queued = spec_of(lab, "e9011", HANG), spec_of(lab, "e9013", OK)
     handle = first.launch(slot, spec)
     wait_until(lambda: backend_of_run_started(first, spec), timeout=30)
+    queued_handle = first.launch(slot, queued)
+    wait_until(lambda: (r := first.jobs.get(queued)) and r.fed and not r.putting, timeout=30)
     cluster = first.cluster(slot.name).name
     first.close()
     (job,) = [j for j in fake.clusters[cluster].jobs.values() if j.name.startswith("nightlab-runner-")]
@@ -327,6 +330,8 @@ def test_a_run_of_a_dead_runner_found_at_reattach_ends_once_as_infra(lab, fake):
     try:
         ended = end(second, slot, spec, handle)
         assert ended.lost and ended.exit_code is None
+        later = end(second, slot, queued, queued_handle, timeout=15)
+        assert later.lost and later.exit_code is None
     finally:
         second.close()
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from nightlab.fleet.backend import RunExit
 from nightlab.fleet.sky_task import _resources, _sky, load_worker_config
 from nightlab.fleet.skypilot import core, resident
-from nightlab.fleet.skypilot.channel import Channel, ChannelError, local_argv, slurm_argv
+from nightlab.fleet.skypilot.channel import ASK_TIMEOUT, Channel, ChannelError, local_argv, slurm_argv
 from nightlab.fleet.skypilot.core import TERMINAL, field_of, is_gone, log, one_line, status_name
 from nightlab.locks import try_lock
 
@@ -379,9 +379,12 @@ class Residents:
             run.fed, run.state = res.epoch, "running"
             run.sink = self.jobs.sink(run)
             res.runs[run_name(run)] = run
-            ready = res.state == "ready"
-        if ready:
+            state = res.state
+        if state == "ready":
             res.wake.set()
+        elif state == "dead" and self._claim(run):  # this backend already saw its runner end
+            detail = f"the runner on `{res.cluster.name}` had ended"
+            self.jobs._end(run, RunExit(None, lost=True, detail=detail))
         else:
             self.ensure(run.cluster)
 
@@ -390,7 +393,7 @@ class Residents:
         with self.shared.lock:
             res = self.by_epoch.get(run.fed or "")
         if res is not None and res.state == "ready":
-            self.shared.thread(self._tomb, res, run, core.CHANNEL_PATIENCE)
+            self.shared.thread(self._tomb, res, run, ASK_TIMEOUT)
 
     def _tomb(self, res: Resident, run: Run, timeout: float) -> None:
         with contextlib.suppress(ChannelError):
