@@ -41,7 +41,10 @@ the cluster (and relaunches it) instead of failing.
 Modules (one concept each): `core` (names, tunables, the state both halves share, ledger
 events), `clusters` (the cluster state machine), `jobs` (the attempt state machine and the
 monitor), `backend` (`SkyPilotBackend`, the `BaseBackend` interface over both), `updown`
-(`fleet up` / `fleet down`). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` and the cost
+(`fleet up` / `fleet down`), and for Slurm pools `residents` (one long-lived runner job per
+cluster that runs the experiments back to back instead of one `sky exec` each), `channel` (the
+controller's helper on the runner's node, over ssh + `srun --overlap`) and `resident` (the
+runner and helper themselves, shipped as text). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` and the cost
 accounting `fleet/costs.py`: both keep their paths, because set-up scripts already on
 users' clusters call `python -m nightlab.fleet.sky_task prepare`, and `report`, `status`
 and the supervisor read costs without SkyPilot installed.
