@@ -424,12 +424,6 @@ def _name(name: str) -> str:
     return name
 
 
-def source() -> str:
-    """This file's text: what the runner job and the helper execute."""
-    with open(__file__.replace(".pyc", ".py")) as f:
-        return f.read()
-
-
 def main(argv: list) -> None:
     if argv[:1] == ["runner"] and len(argv) == 4:
         base, epoch, idle = argv[1], argv[2], float(argv[3])
