@@ -352,17 +352,16 @@ def _refuse_while_running(lab: Path, what: str) -> None:
 
 
 def restore(lab: Path, path: Path | None = None) -> dict[str, Any]:
-    """Put a backup (default: the newest good one) in place of the ledger.
+    """Put a backup (default: the newest good one) in place of the ledger, and recover what the
+    lab's files and the damaged ledger still prove (`nightlab.restore`).
 
     Raises:
         UsageError: a controller runs, or there is no usable backup.
     """
     _refuse_while_running(lab, "restore")
-    ledger_path = lab / ".nightlab" / "ledger.db"
-    used, aside = backup.restore_backup(ledger_path, path)
-    with ReadOnlyLedger(ledger_path, any_version=True) as ledger:
-        n = ledger.count()
-    return {"restored": str(used), "replaced": str(aside) if aside else None, "experiments": n}
+    from nightlab.restore import restore as restore_and_recover
+
+    return restore_and_recover(lab, path)
 
 
 def repair_wal(lab: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nightlab import identity, snapshots
+from nightlab import evidence, identity, snapshots
 from nightlab.config import CONFIG_NAME, LabConfig, load_lab_config
 from nightlab.errors import (
     DuplicateExperimentError,
@@ -278,7 +278,9 @@ class Lab:
             for e in experiments:
                 snapshots.set_ref(self.path, e.id, commit)
 
-        experiments = self.ledger.add_experiments(new, before_commit=make_refs)
+        experiments = self.ledger.add_experiments(
+            new, before_commit=make_refs, taken=evidence.highest_seq(self.path)
+        )
         if start_controller:
             from nightlab.fleet.daemon import ensure_running
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from nightlab.ledger import backup
-from nightlab.testing.reliability import controller_pid, nightlab, submit_many, wait_finished
+from nightlab.testing.reliability import controller_pid, nightlab, set_faults, submit_many, wait_finished
 
 
 def _one_line_error(proc, *needles: str) -> str:
@@ -212,3 +212,104 @@ def test_doctor_names_a_dead_controller_its_leases_and_missing_refs(fast_lab):
         "ledger",
         "backups",
     }
+
+
+def _submit(lab, message: str, seed: int, *, start: bool = True) -> str:
+    args = ["submit", "-m", message, "--seed", str(seed), "--json"] + ([] if start else ["--no-start"])
+    [e] = json.loads(nightlab(*args, cwd=lab).stdout)
+    return e["id"]
+
+
+def _status_of(lab, eid: str) -> str:
+    from nightlab.ledger import open_ledger
+
+    with open_ledger(lab) as ledger:
+        return ledger.get(eid).status.label
+
+
+def test_restore_recovers_what_the_lab_proves_and_never_reuses_an_id(fast_lab):
+    """Issue 32: a backup of the lab's first hour put back after a night. Every later experiment
+    comes back from its snapshot ref, run folder or the damaged ledger's readable tables; no finished
+    run is queued again, the controller stopped on purpose stays stopped, and no id is handed out twice."""
+    from nightlab.ledger import AgentRun, open_ledger
+
+    lab = fast_lab(slots=1, sleep=2.0)
+    db = lab / ".nightlab" / "ledger.db"
+    first = _submit(lab, "first", 0)
+    wait_finished(lab, [first])
+    second = _submit(lab, "second", 1)
+    deadline = time.time() + 120
+    while _status_of(lab, second) != "running" and time.time() < deadline:
+        time.sleep(0.05)
+    # the controller's copy, taken mid-run: it holds the controller's row and a run in flight
+    taken = backup.take_backup(db)
+    wait_finished(lab, [second])
+    later = [_submit(lab, "later", 2), _submit(lab, "later", 3)]
+    set_faults(lab, "e0005", "half")
+    broken = _submit(lab, "broken", 4)
+    wait_finished(lab, [*later, broken])
+    dropped = _submit(lab, "dropped", 5, start=False)
+    nightlab("cancel", dropped, cwd=lab)
+    with open_ledger(lab) as ledger:
+        now = time.time()
+        ledger.start_agent_run(AgentRun(1, "stopped", "claude", None, ("claude",), {}, now, now))
+        ledger.add_agent_session({"n": 1, "ended": "ok"})
+    nightlab("fleet", "stop", cwd=lab)
+    orphan = lab / ".nightlab" / "runs" / "e0008" / "attempt-1"  # a run folder whose ref is gone
+    orphan.mkdir(parents=True)
+    old_ref = subprocess.run(
+        ["git", "rev-parse", f"refs/nightlab/{dropped}"], cwd=lab, capture_output=True, text=True
+    ).stdout.strip()
+    _corrupt_table(lab)
+
+    info = json.loads(nightlab("doctor", "--restore", "--from", str(taken), "--json", cwd=lab).stdout)
+    assert os.path.exists(info["replaced"])
+    assert info["experiments"] == 6 and info["reserved"] == ["e0008"], info
+    assert info["finished"] == [second] and info["requeued"] == [], info
+    recovered = {r["id"]: (r["status"], r["outcome"], r["from"]) for r in info["recovered"]}
+    assert recovered == {
+        later[0]: ("finished", "ok", "snapshot ref and run folder"),
+        later[1]: ("finished", "ok", "snapshot ref and run folder"),
+        broken: ("finished", "crash:no-summary", "snapshot ref and run folder"),
+        dropped: ("cancelled", "cancelled", "snapshot ref"),
+    }, info
+    assert info["agent"] == "recovered from the damaged ledger"
+    assert any("e0008" in line and "reserved" in line for line in info["lost"]), info["lost"]
+    assert any(line.startswith(f"{dropped}:") for line in info["lost"]), info["lost"]
+
+    results = {
+        e["id"]: e for e in json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)["experiments"]
+    }
+    assert sorted(results) == [first, second, *later, broken, dropped]
+    with open_ledger(lab) as ledger:
+        rows = {e.id: e for e in ledger.experiments()}
+        assert ledger.agent_run() is not None and ledger.agent_run().sessions == ({"n": 1, "ended": "ok"},)
+    assert rows[second].status.label == "finished" and rows[second].outcome == "ok"  # not queued again
+    assert rows[later[1]].seed == 3 and rows[later[1]].metrics["val_bpb"] == 1.003  # tier and seed kept
+    assert rows[broken].outcome.startswith("crash:")
+    assert rows[dropped].status.label == "cancelled"
+    # the controller was stopped on purpose: `status` must not start one, nothing is queued
+    state = json.loads(nightlab("status", "--json", cwd=lab).stdout)
+    assert controller_pid(lab) is None and state["queued"] == [] and state["running"] == []
+    # the next id is past every id a ref or run folder holds, and the old ref is untouched
+    assert _submit(lab, "after the restore", 6, start=False) == "e0009"
+    # restoring again reads the first restore's ledger (now the one moved aside) whole: all comes back
+    proc = nightlab("doctor", "--restore", "--from", str(taken), cwd=lab)
+    assert "damaged ledger is kept at" in proc.stderr, proc.stderr
+    for eid in (*later, broken, dropped, "e0009"):
+        assert f"recovered {eid} " in proc.stderr and "from its damaged ledger" in proc.stderr, proc.stderr
+    assert (
+        subprocess.run(
+            ["git", "rev-parse", f"refs/nightlab/{dropped}"], cwd=lab, capture_output=True, text=True
+        ).stdout.strip()
+        == old_ref
+    )
+
+
+def test_ids_held_by_a_ref_or_a_run_folder_are_never_handed_out(fast_lab):
+    """The allocator skips ids the ledger does not know but the lab's files hold (a ledger copied back by hand)."""
+    lab = fast_lab(slots=1)
+    subprocess.run(["git", "update-ref", "refs/nightlab/e0004", "HEAD"], cwd=lab, check=True)
+    assert submit_many(lab, 1) == ["e0005"]
+    (lab / ".nightlab" / "runs" / "e0011").mkdir(parents=True)
+    assert submit_many(lab, 2) == ["e0012", "e0013"]

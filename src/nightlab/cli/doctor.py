@@ -56,10 +56,7 @@ def command(restore_, backup_path, repair_wal, as_json, lab_dir) -> None:
             emit_json(done)
             return
         if restore_:
-            say(
-                f"restored `{done['restored']}` ({done['experiments']} experiments); the replaced ledger is "
-                f"at `{done['replaced']}`; experiments submitted after the backup are not in it"
-            )
+            _say_restored(done)
         else:
             say(
                 f"ledger repaired ({done['experiments']} experiments); the damaged copy is `{done['kept_copy']}`"
@@ -76,3 +73,22 @@ def command(restore_, backup_path, repair_wal, as_json, lab_dir) -> None:
         from nightlab.errors import NightlabError
 
         raise NightlabError(f"{len(report.problems)} problem(s) found; run the command after each `fix:`")
+
+
+def _say_restored(done: dict) -> None:
+    """The account of a restore, on stderr: nothing recovered or lost goes unsaid."""
+    kept = f"; the damaged ledger is kept at `{done['replaced']}`" if done["replaced"] else ""
+    say(f"restored `{done['restored']}` ({done['experiments']} experiments now){kept}")
+    for item in done["recovered"]:
+        say(f"  recovered {item['id']} ({item['status']}, {item['outcome']}) from its {item['from']}")
+    if done["finished"]:
+        say(f"  finished from their run folders (ended after the backup): {', '.join(done['finished'])}")
+    if done["requeued"]:
+        say(
+            f"  queued again (had not ended; start with `nightlab fleet start`): {', '.join(done['requeued'])}"
+        )
+    if done["reserved"]:
+        say(f"  ids kept reserved (never reused): {', '.join(done['reserved'])}")
+    say("lost:")
+    for line in done["lost"]:
+        say(f"  - {line}")

@@ -469,7 +469,7 @@ class HealthWatch:
 
     def rerun(self, ledger: Any, lab_dir: Path, exp: Any, slot: Any) -> str | None:
         """Queue the one re-run of a degraded experiment (not of a re-run); returns its id."""
-        from nightlab import snapshots
+        from nightlab import evidence, snapshots
         from nightlab.ledger import NewExperiment
 
         if ledger.events(experiment_id=exp.id, kinds=["rerun"]):
@@ -492,7 +492,7 @@ class HealthWatch:
         def make_ref(experiments: list[Any]) -> None:
             snapshots.set_ref(lab_dir, experiments[0].id, exp.snapshot)
 
-        [queued] = ledger.add_experiments([new], before_commit=make_ref)
+        [queued] = ledger.add_experiments([new], before_commit=make_ref, taken=evidence.highest_seq(lab_dir))
         ledger.log_event("rerun", queued.id, of=exp.id, worker=slot.name)
         self._avoid[queued.id] = slot.name
         return queued.id

@@ -16,12 +16,13 @@ Contract (what every caller may rely on):
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
 `ExperimentStatus`, `Verdict`, `Outcome`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
 `_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
-(`ReadOnlyLedger`, the dashboard's). Every SQL statement of nightlab lives in this package.
+(`ReadOnlyLedger`, the dashboard's), `_recover` (what a restore reads from a damaged ledger and writes back). Every SQL statement of nightlab lives in this package.
 """
 
 from nightlab.ledger._base import BaseLedger
 from nightlab.ledger._ledger import Ledger, open_ledger
 from nightlab.ledger._readonly import ReadOnlyLedger
+from nightlab.ledger._recover import RecoveryPlan, RunEnd, Salvage, read_damaged
 from nightlab.ledger._rows import (
     AgentRun,
     Attempt,
@@ -55,10 +56,14 @@ __all__ = [
     "Outcome",
     "RankKey",
     "ReadOnlyLedger",
+    "RecoveryPlan",
+    "RunEnd",
+    "Salvage",
     "SearchProgress",
     "Source",
     "Verdict",
     "Wave",
     "Worker",
     "open_ledger",
+    "read_damaged",
 ]

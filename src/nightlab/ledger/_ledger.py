@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.errors import LedgerError, UnknownExperimentError
-from nightlab.ledger import _schema, integrity
+from nightlab.ledger import _recover, _schema, integrity
 from nightlab.ledger._base import BaseLedger
 from nightlab.ledger._rows import (
     AGENT_RUN_COUNTERS,
@@ -118,15 +118,24 @@ class Ledger(BaseLedger):
         with self.transaction() as c:
             self._event(c, kind, experiment_id, **data)
 
-    def add_experiments(self, new: list[NewExperiment], *, before_commit: Any = None) -> list[Experiment]:
+    def add_experiments(
+        self, new: list[NewExperiment], *, before_commit: Any = None, taken: int = 0
+    ) -> list[Experiment]:
         """Queue experiments atomically and return them with their ids.
 
+        Ids continue after the highest of: the ledger's experiments, the `id_floor` a restore
+        reserved (`recover`), and `taken` (the caller's `evidence.highest_seq`: ids whose snapshot
+        ref or run folder exists, which a restored or hand-copied ledger may not know).
         `before_commit(experiments)` runs inside the transaction (the lab creates the
         snapshot refs there): if it raises, nothing is recorded.
         """
         now = time.time()
         with self.transaction() as c:
-            seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM experiments").fetchone()[0]
+            seq = max(
+                c.execute("SELECT COALESCE(MAX(seq), 0) FROM experiments").fetchone()[0],
+                _recover.id_floor(c),
+                taken,
+            )
             ids = []
             for item in new:
                 seq += 1
@@ -524,6 +533,11 @@ class Ledger(BaseLedger):
                 " VALUES ((SELECT COALESCE(MAX(n), 0) + 1 FROM agent_sessions), ?)",
                 (json.dumps(session, default=str),),
             )
+
+    def recover(self, plan: _recover.RecoveryPlan) -> None:
+        """Write what `nightlab doctor --restore` recovered (`nightlab.ledger._recover`) in one transaction."""
+        with self.transaction() as c:
+            _recover.apply_recovery(c, plan)
 
     def claim_controller(self, pid: int, host: str) -> None:
         now = time.time()
