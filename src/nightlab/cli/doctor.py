@@ -12,7 +12,8 @@ from nightlab.cli._common import emit_json, json_option, lab_option, say
     "--restore",
     "restore_",
     is_flag=True,
-    help="Whether or not to put the newest good ledger backup back (the controller must be stopped).",
+    help="Whether or not to put the newest good ledger backup back and recover what the snapshot refs, "
+    "run folders and damaged ledger still prove (the controller must be stopped).",
 )
 @click.option(
     "--from",
@@ -32,10 +33,15 @@ from nightlab.cli._common import emit_json, json_option, lab_option, say
 def command(restore_, backup_path, repair_wal, as_json, lab_dir) -> None:
     """Check the lab and the machine: git, Python, torch and its device, free disk, the data
     fingerprint, ledger integrity, a controller that claims to run but does not, leases
-    whose holder is gone, snapshots whose refs are missing, backups.
+    whose holder is gone, snapshots whose refs are missing, the share of recent runs that
+    were degraded, the machine's load against the CPU slots, backups.
 
     One line per check; each problem names the command that fixes it. Exits 1 when
-    something is wrong.
+    something is wrong (a WARN line alone does not).
+
+    `--restore` keeps the damaged ledger aside, brings back every later experiment its
+    snapshot ref, run folder or readable rows prove, never requeues a finished run nor
+    restarts a stopped controller, reserves every id in use, and lists what is lost.
 
     \b
     Example:

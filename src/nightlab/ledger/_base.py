@@ -388,6 +388,14 @@ class BaseLedger(ABC):
         )
         return [r["wall"] for r in reversed(rows)]
 
+    def recent_outcomes(self, limit: int) -> list[str | None]:
+        """The outcomes of the last `limit` experiments that ran to an end (cancelled ones left out), newest first."""
+        rows = self._query(
+            "SELECT outcome FROM experiments WHERE status = ? ORDER BY finished_at DESC LIMIT ?",
+            (int(ExperimentStatus.FINISHED), limit),
+        )
+        return [r["outcome"] for r in rows]
+
     def training_spans(
         self, since: float, *, metric: str = "training_seconds"
     ) -> list[tuple[ExperimentStatus, float | None, float | None, float | None]]:
