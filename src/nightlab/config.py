@@ -34,6 +34,24 @@ class TargetConfig:
     timeout: float
     builtin: bool = False
 
+    @property
+    def entry_files(self) -> tuple[str, ...]:
+        """The editable files the command names (`python train.py` -> `train.py`): a snapshot
+        without one can only crash (python exits 2, "can't open file", no traceback).
+
+        Only what the command line shows is knowable; a file it reaches otherwise (`python -m
+        pkg`, an import) is not checked.
+        """
+        import shlex
+        from pathlib import PurePosixPath
+
+        try:
+            words = shlex.split(self.command)
+        except ValueError:  # unbalanced quotes: the shell will say so at run time
+            return ()
+        named = {str(PurePosixPath(w)) for w in words}  # `./train.py` names `train.py`
+        return tuple(name for name in self.editable if str(PurePosixPath(name)) in named)
+
 
 @dataclass(frozen=True)
 class MetricConfig:
@@ -378,10 +396,27 @@ def load_config(path: Path) -> LabConfig:
 
 @dataclass(frozen=True)
 class LoadedConfig:
-    """The configuration in force, and whether the working copy differs from it."""
+    """The configuration in force, and how the working copy differs from it.
+
+    Attributes:
+        uncommitted: the working copy differs from the committed file (not in force).
+        broken: why the working copy does not load (bad TOML with its line, or the bad key),
+            None when it loads; it is ignored either way, the committed file rules.
+    """
 
     config: LabConfig
     uncommitted: bool
+    broken: str | None = None
+
+    @property
+    def warning(self) -> str | None:
+        """The one stderr line about the working copy, or None when it is the committed file."""
+        if self.broken is not None:
+            return (
+                f"warning: the uncommitted {CONFIG_NAME} is broken and ignored ({self.broken}); the "
+                f"committed version is in force: fix the edit, or drop it with `git checkout {CONFIG_NAME}`"
+            )
+        return UNCOMMITTED_WARNING if self.uncommitted else None
 
 
 def load_lab_config(lab_dir: Path) -> LoadedConfig:
@@ -390,11 +425,13 @@ def load_lab_config(lab_dir: Path) -> LoadedConfig:
     The committed file is the one in force, for the controller and the CLI alike: an agent
     editing nightlab.toml cannot quietly change the time limit or the metric, and every
     result's configuration is recorded in git. Uncommitted edits are still parsed, so a bad
-    key fails at once with its name; then `uncommitted` tells the caller to warn. Outside a
+    key or a TOML syntax error is named at once (`broken`, the caller warns), yet it blocks
+    nothing: `nightlab results` works while someone is half-way through an edit. Outside a
     git checkout (a synced copy on a remote worker) the file on disk is used.
 
     Raises:
-        ConfigError: naming the first bad key of the committed file or of the working copy.
+        ConfigError: naming the first bad key of the committed file (or of the file on disk
+            outside git).
     """
     import subprocess
 
@@ -418,7 +455,10 @@ def load_lab_config(lab_dir: Path) -> LoadedConfig:
         raise ConfigError(f"the committed {CONFIG_NAME} is not valid TOML: {e}") from e
     if working == committed:
         return LoadedConfig(config, uncommitted=False)
-    load_config(path)  # a broken edit fails now, naming its key
+    try:
+        load_config(path)
+    except ConfigError as e:
+        return LoadedConfig(config, uncommitted=True, broken=str(e))
     return LoadedConfig(config, uncommitted=True)
 
 

@@ -231,6 +231,9 @@ def _load_config(lab: Path) -> tuple[Any, list[Check]]:
         loaded = load_lab_config(lab)
     except NightlabError as e:
         return None, [Check("config", False, str(e), "edit nightlab.toml and `git commit nightlab.toml`")]
+    if loaded.broken is not None:
+        text = f"the uncommitted edit is broken and ignored, fix it or drop it ({loaded.broken})"
+        return loaded.config, [Check("config", False, text, "git checkout nightlab.toml")]
     note = " (uncommitted edits are not in force)" if loaded.uncommitted else ""
     return loaded.config, [Check("config", True, f"nightlab.toml parses{note}")]
 

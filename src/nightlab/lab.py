@@ -100,6 +100,7 @@ class Lab:
         loaded = load_lab_config(path)
         self.config: LabConfig = loaded.config
         self.config_uncommitted = loaded.uncommitted
+        self.config_warning = loaded.warning  # the one line commands print about the working copy
         self.ledger: Ledger = open_ledger(path)
         identity.rekey(path, self.ledger)  # once per ledger from before research identities
 
@@ -203,7 +204,8 @@ class Lab:
             force: queue even when the same snapshot, tier and seed was already measured.
 
         Raises:
-            UsageError: bad knob or value, unknown tier, empty description.
+            UsageError: bad knob or value, unknown tier, empty description, a missing file the
+                target's command runs (`TargetConfig.entry_files`).
             DuplicateExperimentError: the measurement exists (names it and the way out).
         """
         if not description.strip():
@@ -223,6 +225,14 @@ class Lab:
             if running_pid(self.path) is None:
                 check_capacity(self.config)  # refused before anything is queued
         files = dict(overrides or {})
+        # the snapshot takes an editable file from the overrides, else from the working tree
+        # (`snapshots.create_snapshot`): without the one the command runs, the run can only crash
+        for name in self.config.target.entry_files:
+            if name not in files and not (self.path / name).is_file():
+                raise UsageError(
+                    f"`{name}` is missing from the working tree and the target's command "
+                    f"`{self.config.target.command}` runs it; restore it with `git checkout -- {name}`"
+                )
         if sets:
             # the working tree's editable files, under the overrides, take the knob values
             current = {

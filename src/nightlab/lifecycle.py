@@ -12,6 +12,9 @@ Two processes live beside a lab and follow the same rules: the fleet controller
   while that pid runs a command line with the singleton's marker).
 - **running pid**: None when nobody holds the lock and nothing is starting; the pid when the
   holder wrote it; -1 while one starts (noted, or lock held and pid not yet written).
+- **start lock**: starters take `*.start.lock` around look-then-start (`starting_alone`), so
+  two `fleet start` at once make one process and the second reports its real pid (without
+  it both saw "none runs", and the loser printed `already running (pid -1)`).
 - **stop**: SIGTERM to the pid, then wait for the lock to drop. A process that is still
   starting gets it at its noted pid (before its handler exists, SIGTERM's default action ends
   it) or, once it holds the lock, at its published pid. Signalling it is what makes
@@ -157,6 +160,26 @@ class Singleton:
         # measured: for a moment after Popen returns the new process's command line is empty
         # (it is still exec'ing); that is the process we started, not a recycled pid
         return pid if alive(pid, marker=self.marker) or _cmdline(pid) == b"" else None
+
+    @contextlib.contextmanager
+    def starting_alone(self, *, patience: float) -> Iterator[bool]:
+        """Hold the start lock: yield whether this starter has it (within `patience` s).
+
+        Look (`settled_pid`) and `start` inside it: another starter waits its turn and then
+        finds the process this one started.
+        """
+        with try_lock(self.pid_path.with_suffix(".start.lock"), patience=patience) as lock:
+            yield lock is not None
+
+    def settled_pid(self, *, timeout: float) -> int | None:
+        """`running_pid`, waiting out a start in progress (-1) for up to `timeout` s: the pid once
+        written, None if that start failed, -1 if it is still starting at the deadline."""
+        deadline = time.time() + timeout
+        while True:
+            pid = self.running_pid()
+            if pid is None or pid > 0 or time.time() >= deadline:
+                return pid
+            time.sleep(POLL)
 
     def start(self, args: list[str], log_path: Path) -> subprocess.Popen:
         """Start `args` detached (`start_detached`) and note it as starting until it holds the lock."""

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from labkit import SYNTHETIC_TRAIN, nightlab, wait_json
-from nightlab.agent.changes import Change, summarize_change
+from nightlab.agent.changes import Change, file_change, summarize_change
 from nightlab.agent.journal import Idea, Theme, TierResult, build_journal, theme_name
 from nightlab.lab import Lab
 
@@ -93,6 +93,18 @@ def test_a_file_that_no_longer_parses_is_summarised_by_lines():
     change = summarize_change(MODEL, new)
     assert change.knobs == ()
     assert change.scopes == (("GPT.forward", 1, 1),)
+
+
+def test_a_deleted_or_added_file_is_one_change_named_for_the_file():
+    gone = file_change("train.py", MODEL, None, prefix=False)
+    assert gone.knobs == () and gone.scopes == ()  # not "LR (removed), SEED (removed), ..."
+    assert gone.touched == ("train.py (deleted)",)
+    assert gone.describe() == "train.py deleted (-18 lines)"
+    assert theme_name(gone.touched) == "train.py (deleted)"
+    added = file_change("extra.py", None, MODEL, prefix=True)
+    assert added.describe() == "extra.py added (+18 lines)" and not added.seed_only
+    assert file_change("x.py", None, None, prefix=False).empty
+    assert file_change("x.py", MODEL, MODEL.replace("0.01", "0.02"), prefix=True).touched == ("x.py:LR",)
 
 
 # ---------------------------------------------------------------------------- themes
@@ -195,6 +207,31 @@ def test_journal_command_text_and_json(history):
     assert {t["name"]: t["dead_end"] for t in data["themes"]} == {"LR": False, "MODE": True, "module": False}
     assert data["seed_changes"][0]["kind"] == "seed-change"
     assert data["in_flight"] == []
+
+
+def test_a_deleted_editable_file_is_one_theme_and_the_run_file_cannot_be_deleted(tmp_path):
+    """A lab whose second editable file (8 knobs) was deleted: one theme named for the file.
+    Deleting the file the command runs is refused at submit (one line, exit 2)."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "train.py").write_text(SYNTHETIC_TRAIN)
+    (target / "extra.py").write_text("".join(f"K{i} = {i}  # knob {i}\n" for i in range(8)))
+    init = ("init", "lab", "--target", str(target), "--editable", "train.py", "--editable", "extra.py")
+    nightlab(*init, cwd=tmp_path)
+    lab = tmp_path / "lab"
+    nightlab("submit", "-m", "baseline", "--no-start", cwd=lab)
+    (lab / "extra.py").unlink()
+    nightlab("submit", "-m", "drop extra", "--no-start", cwd=lab)
+    data = json.loads(nightlab("journal", "--json", cwd=lab).stdout)
+    [theme] = data["themes"]
+    assert theme["name"] == "extra.py (deleted)"
+    assert theme["ideas"][0]["change"] == "extra.py deleted (-8 lines)"
+    (lab / "train.py").unlink()
+    proc = nightlab("submit", "-m", "no train.py", "--no-start", cwd=lab, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "`train.py` is missing" in lines[0] and "git checkout -- train.py" in lines[0]
+    assert "e0003" not in nightlab("results", "--all", cwd=lab).stdout
 
 
 def test_journal_of_a_new_lab(make_lab):

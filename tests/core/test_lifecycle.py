@@ -163,7 +163,9 @@ def test_fleet_stop_stops_a_controller_that_is_still_starting(make_lab):
     which the start then reset, and returned while the controller ran on.
     """
     lab = make_lab(slots=1)
-    pid = daemon.start_background(lab, wait=False)
+    started = daemon.start_background(lab, wait=False)
+    assert started.new
+    pid = started.pid
     try:
         stopped = daemon.stop(lab, timeout=30)
         assert stopped == pid

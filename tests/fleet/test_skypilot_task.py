@@ -124,6 +124,16 @@ def _unpacked_code(wheel: Path, into: Path) -> str:
     return build.code_hash(into / "nightlab")
 
 
+def test_the_shipped_metadata_pins_torch_to_the_controllers_release():
+    """pyproject.toml asks for a torch range; a cluster installs the controller's own release."""
+    from importlib import metadata
+
+    meta = "Name: nightlab\nRequires-Dist: torch<3,>=2.9\nRequires-Dist: torchvision>=0.20\nRequires-Dist: click\n"
+    pinned = build._pin_torch(meta).split("\n")
+    assert pinned[1] == f"Requires-Dist: torch=={metadata.version('torch').split('+')[0]}"
+    assert pinned[2:] == ["Requires-Dist: torchvision>=0.20", "Requires-Dist: click", ""]
+
+
 def test_a_checkout_install_ships_a_wheel_of_the_running_code(tmp_path):
     lab = tmp_path / "lab"
     lab.mkdir()

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from labkit import commit, nightlab
 from nightlab.cli import main
 from nightlab.config import parse_config, tomllib
 from nightlab.errors import ConfigError, UsageError
@@ -97,8 +98,6 @@ def assert_rejected(code: int, out: str, err: str) -> str:
 @pytest.fixture
 def lab(make_lab, monkeypatch):
     path = make_lab(slots=1)
-    from labkit import nightlab
-
     nightlab("fleet", "stop", cwd=path, check=False)
     code, out, err = 0, "", ""
     monkeypatch.setenv("NIGHTLAB_DIR", str(path))
@@ -327,18 +326,29 @@ def test_config_values_are_checked_or_sane(key, value):
     ],
 )
 def test_bad_toml_is_one_line_exit_2_and_writes_nothing(lab, edit):
+    """Committed, a bad nightlab.toml refuses every command; only in the working copy, it is
+    ignored with one warning and the committed file is in force."""
     toml = lab / "nightlab.toml"
     original = toml.read_text()
     assert edit[0] in original, edit
     toml.write_text(original.replace(edit[0], edit[1], 1))
-    before = state(lab)
+    committed = False
     try:
+        code, out, err = run_cli("results", "--json")
+        [warning] = err.splitlines()
+        assert code == 0 and '"e0001"' in out, err
+        assert warning.startswith("warning: the uncommitted nightlab.toml is broken and ignored"), warning
+        commit(lab, "a bad config", "nightlab.toml")
+        committed = True
+        before = state(lab)
         for args in (("status",), ("submit", "-m", "x", "--no-start"), ("results",)):
             line = assert_rejected(*run_cli(*args))
             assert "nightlab.toml" in line
         assert state(lab) == before
     finally:
         toml.write_text(original)
+        if committed:
+            commit(lab, "the good config", "nightlab.toml")
 
 
 def test_tomllib_is_the_parser():  # the committed file is parsed by the standard library, not by hand

@@ -32,23 +32,28 @@ class Change:
     Attributes:
         knobs: (name, old source, new source) per changed UPPERCASE constant; None for added/removed.
         scopes: (scope, lines added, lines removed) per function/class/name with other edits.
+        files: (file, `deleted` or `added`, its lines) per editable file one side lacks: one
+            change named for the file, not every knob and function it holds.
         seed_only: every edit is a seed change (a `*SEED*` knob or lines that mention a seed).
     """
 
     knobs: tuple[tuple[str, str | None, str | None], ...] = ()
     scopes: tuple[tuple[str, int, int], ...] = ()
+    files: tuple[tuple[str, str, int], ...] = ()
     seed_only: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.knobs and not self.scopes
+        return not self.knobs and not self.scopes and not self.files
 
     @property
     def touched(self) -> tuple[str, ...]:
-        return tuple(sorted({k for k, _, _ in self.knobs} | {s for s, _, _ in self.scopes}))
+        names = {k for k, _, _ in self.knobs} | {s for s, _, _ in self.scopes}
+        return tuple(sorted(names | {f"{f} ({how})" for f, how, _ in self.files}))
 
     def describe(self) -> str:
-        parts = [
+        parts = [f"{f} {how} ({'-' if how == 'deleted' else '+'}{n} lines)" for f, how, n in self.files]
+        parts += [
             f"{k} {old if old is not None else '(new)'}->{new if new is not None else '(removed)'}"
             for k, old, new in self.knobs
         ]
@@ -130,15 +135,32 @@ def summarize_change(old: str, new: str, *, file: str | None = None) -> Change:
     knob_changes = tuple((prefix + k, a, b) for k, a, b in knobs)
     seed_only = bool(knobs or other) and all("SEED" in k.upper() for k, _, _ in knobs)
     seed_only = seed_only and all("seed" in line.lower() for line in other)
-    return Change(knob_changes, scopes, seed_only)
+    return Change(knob_changes, scopes, seed_only=seed_only)
+
+
+def file_change(name: str, old: str | None, new: str | None, *, prefix: bool) -> Change:
+    """What one editable file's edit changes; `None` is a side that lacks the file.
+
+    A deleted file is one change, `train.py deleted`: read as text against "" it was every knob
+    removed and a theme named `ADAM_BETAS, ASPECT_RATIO, ATTENTION +75` in the agent's prompt.
+
+    Args:
+        prefix: name scopes and knobs `file:NAME` (labs with several editable files).
+    """
+    if new is None:
+        return Change() if old is None else Change(files=((name, "deleted", len(old.splitlines())),))
+    if old is None:
+        return Change(files=((name, "added", len(new.splitlines())),))
+    return summarize_change(old, new, file=name if prefix else None)
 
 
 def merge(changes: Iterable[Change]) -> Change:
     changes = list(changes)
     knobs = tuple(k for c in changes for k in c.knobs)
     scopes = tuple(s for c in changes for s in c.scopes)
+    files = tuple(f for c in changes for f in c.files)
     seed_only = any(not c.empty for c in changes) and all(c.seed_only or c.empty for c in changes)
-    return Change(knobs, scopes, seed_only)
+    return Change(knobs, scopes, files, seed_only)
 
 
 def read_blobs(lab_dir, specs: list[str]) -> dict[str, str | None]:

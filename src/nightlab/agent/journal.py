@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightlab.agent.changes import Change, merge, read_blobs, summarize_change
+from nightlab.agent.changes import Change, file_change, merge, read_blobs
 from nightlab.analysis import figure, ok_values
 from nightlab.ledger import Experiment, ExperimentStatus
 
@@ -339,10 +339,11 @@ def build_journal(lab) -> Journal:
             kind, change = "repeat", Change()
         else:
             change = merge(
-                summarize_change(
-                    blobs.get(f"{parents[tree]}:{name}") or "",
-                    blobs.get(f"{first.snapshot}:{name}") or "",
-                    file=name if len(editable) > 1 else None,
+                file_change(
+                    name,
+                    blobs.get(f"{parents[tree]}:{name}"),
+                    blobs.get(f"{first.snapshot}:{name}"),
+                    prefix=len(editable) > 1,
                 )
                 for name in editable
             )

@@ -31,12 +31,11 @@ def with_lab(fn: Callable) -> Callable:
     @lab_option
     @wraps(fn)
     def wrapper(*args: Any, lab_dir: Path | None, **kwargs: Any) -> Any:
-        from nightlab.config import UNCOMMITTED_WARNING
         from nightlab.lab import Lab
 
         with Lab.open(lab_dir) as lab:
-            if lab.config_uncommitted:
-                say(UNCOMMITTED_WARNING)
+            if lab.config_warning:
+                say(lab.config_warning)
             from nightlab.identity import epoch_info, epoch_line
 
             epoch = epoch_info(lab.path, lab.ledger, lab.config)

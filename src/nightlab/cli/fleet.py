@@ -24,7 +24,12 @@ def command() -> None:
 )
 @lab_option
 def start(cpu_slots, foreground, lab_dir) -> None:
-    """Start the controller in the background (refused when one runs)."""
+    """Start the controller in the background; when one runs, print its pid and do nothing.
+
+    \b
+    Example:
+      nightlab fleet start && nightlab status
+    """
     from nightlab.fleet import daemon
     from nightlab.lab import find_lab
 
@@ -49,9 +54,16 @@ def start(cpu_slots, foreground, lab_dir) -> None:
                 f"the controller stopped with code {code}; see {path / '.nightlab' / 'controller.log'}"
             )
         return
-    pid = daemon.start_background(path, cpu_slots=cpu_slots)
-    click.echo(pid)
-    say(f"controller started (pid {pid}); log: {path / '.nightlab' / 'controller.log'}")
+    started = daemon.start_background(path, cpu_slots=cpu_slots)
+    click.echo(started.pid)
+    if started.new:
+        say(f"controller started (pid {started.pid}); log: {path / '.nightlab' / 'controller.log'}")
+        return
+    slots = " with its own slots (`--cpu-slots` applies from the next start)" if cpu_slots else ""
+    say(
+        f"controller already running (pid {started.pid}){slots}; nothing to do "
+        "(restart it with `nightlab fleet stop && nightlab fleet start`)"
+    )
 
 
 @command.command("stop")

@@ -60,6 +60,8 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     if diff:
         out.print("diff against parent:")
         click.echo(diff.rstrip())
-    if tail:
+    if data["log_missing"]:
+        out.print(f"log: missing (expected at {log_path}; it was deleted, or its run folder was)")
+    elif tail:
         out.print(f"log tail ({log_path}):")
         click.echo("\n".join(tail))

@@ -55,6 +55,9 @@ def command(lab, ids, all_, any_, timeout, as_json) -> None:
         if as_json:  # a script learns what is still queued or running, then the exit code says timeout
             emit_json(rows(e.experiments))
         raise
+    except KeyboardInterrupt:
+        say(interrupted_message(lab, ids, any_=any_))
+        raise click.exceptions.Exit(130) from None
     if as_json:
         emit_json(rows(done))
         return
@@ -66,3 +69,21 @@ def command(lab, ids, all_, any_, timeout, as_json) -> None:
         )
     if not done:
         say("nothing to wait for")
+
+
+def interrupted_message(lab, ids: tuple[str, ...], *, any_: bool) -> str:
+    """What Ctrl-C leaves behind: the runs go on on the fleet, and the command that waits again."""
+    from nightlab.ledger import ExperimentStatus
+
+    active = (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)
+    if ids:
+        pending = [e for e in lab.ledger.experiments(ids=list(ids), with_metrics=False) if e.status in active]
+    else:
+        pending = lab.ledger.experiments(status=active, with_metrics=False)
+    if not pending:
+        return "wait interrupted; nothing is queued or running"
+    left = ", ".join(f"{e.id} ({e.status.label})" for e in pending[:8])
+    left += f" and {len(pending) - 8} more" if len(pending) > 8 else ""
+    what = [e.id for e in pending] if ids else ([] if any_ else ["--all"])
+    again = " ".join(["nightlab wait", *(["--any"] if any_ else []), *what])
+    return f"wait interrupted; still going on the fleet: {left}; wait again with `{again}`"

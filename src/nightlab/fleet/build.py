@@ -27,6 +27,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import zipfile
@@ -113,7 +114,25 @@ def _metadata(version: str) -> tuple[str, str | None]:
         dist = metadata.distribution(DIST)
     except metadata.PackageNotFoundError:
         return f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {version}\n", None
-    return dist.read_text("METADATA") or "", dist.read_text("entry_points.txt")
+    return _pin_torch(dist.read_text("METADATA") or ""), dist.read_text("entry_points.txt")
+
+
+def _pin_torch(meta: str) -> str:
+    """METADATA with the torch requirement pinned to the controller's torch (its public version).
+
+    pyproject.toml asks for a range (a GPU image keeps its own torch); a cluster that installs
+    the wheel gets the controller's release, so both ends run the same torch.
+    """
+    try:
+        version = metadata.version("torch").split("+")[0]  # 2.11.0+cu130: the index has 2.11.0
+    except metadata.PackageNotFoundError:
+        return meta
+    lines = meta.split("\n")
+    for i, line in enumerate(lines):
+        name = line.removeprefix("Requires-Dist:").strip()
+        if line.startswith("Requires-Dist:") and re.match(r"torch\s*(?:[<>=!~(;\[]|$)", name):
+            lines[i] = f"Requires-Dist: torch=={version}"
+    return "\n".join(lines)
 
 
 def build_wheel(out_dir: Path) -> Wheel:

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,38 +37,63 @@ def running_pid(lab_dir: Path) -> int | None:
     return process(lab_dir).running_pid()
 
 
-def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool = True) -> int:
-    """Start the controller as a detached process and return its pid.
+@dataclass(frozen=True)
+class Started:
+    """What `start_background` found or did: the controller's pid, and whether this call started it."""
+
+    pid: int  # -1: a controller is still starting (only when not waiting for it)
+    new: bool
+
+
+def start_background(lab_dir: Path, *, cpu_slots: int | None = None, wait: bool = True) -> Started:
+    """Start the controller as a detached process unless one runs; its pid either way.
+
+    Starters take turns (`Singleton.starting_alone`): two at once make one controller and both
+    return its pid. With `wait`, a start in progress is waited for, so the pid is a real one.
 
     Raises:
-        ControllerError: one is already running, or it did not come up.
+        ControllerError: it did not come up, or another start held the lock too long.
+        UsageError: the local slots would oversubscribe the machine (`check_capacity`).
     """
-    pid = running_pid(lab_dir)
-    if pid is not None:
-        raise ControllerError(
-            f"a controller is already running for this lab (pid {pid}); stop it with `nightlab fleet stop`"
-        )
-    from nightlab.config import load_lab_config
-    from nightlab.fleet.health import check_capacity
-
-    check_capacity(load_lab_config(lab_dir).config, cpu_slots=cpu_slots)  # one line, before anything starts
+    singleton = process(lab_dir)
     log_path = lab_dir / ".nightlab" / "controller.log"
-    args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir.resolve())]
-    if cpu_slots:
-        args += ["--cpu-slots", str(cpu_slots)]
-    proc = process(lab_dir).start(args, log_path)
-    if not wait:
-        return proc.pid
-    try:
-        pid = process(lab_dir).wait_started(proc, timeout=START_TIMEOUT)
-    except ProcessTimeout:
-        raise ControllerError(
-            f"the controller did not start within {START_TIMEOUT:.0f} s; see {log_path}"
-        ) from None
+    with singleton.starting_alone(patience=START_TIMEOUT + 10) as alone:
+        if not alone:
+            raise ControllerError(
+                f"another start of this lab's controller did not finish within {START_TIMEOUT + 10:.0f} s; "
+                f"see {log_path}, then `nightlab fleet status`"
+            )
+        pid = singleton.settled_pid(timeout=START_TIMEOUT) if wait else singleton.running_pid()
+        if pid is not None and (pid > 0 or not wait):
+            return Started(pid, new=False)
+        if pid is not None:
+            raise ControllerError(
+                f"a controller has been starting for over {START_TIMEOUT:.0f} s; see {log_path}"
+            )
+        from nightlab.config import load_lab_config
+        from nightlab.fleet.health import check_capacity
+
+        # one line, before anything starts
+        check_capacity(load_lab_config(lab_dir).config, cpu_slots=cpu_slots)
+        args = [sys.executable, "-m", "nightlab.fleet.daemon", str(lab_dir.resolve())]
+        if cpu_slots:
+            args += ["--cpu-slots", str(cpu_slots)]
+        proc = singleton.start(args, log_path)
+        if not wait:
+            return Started(proc.pid, new=True)
+        try:
+            pid = singleton.wait_started(proc, timeout=START_TIMEOUT)
+        except ProcessTimeout:
+            raise ControllerError(
+                f"the controller did not start within {START_TIMEOUT:.0f} s; see {log_path}"
+            ) from None
     if pid is not None:
-        return pid  # ours, or the one that won the race to start (ours then exits 3)
-    if proc.returncode == 3:  # lost the race to another starter that has not written its pid yet
-        return running_pid(lab_dir) or proc.pid
+        # ours, or one started without the start lock (`fleet start --foreground`): ours then exits 3
+        return Started(pid, new=pid == proc.pid)
+    if proc.returncode == 3:  # lost the lock to a `--foreground` controller that has not written its pid yet
+        settled = singleton.settled_pid(timeout=START_TIMEOUT)
+        if settled is not None and settled > 0:
+            return Started(settled, new=False)
     raise ControllerError(f"the controller exited at start (code {proc.returncode}); see {log_path}")
 
 
@@ -75,7 +101,8 @@ def ensure_running(lab_dir: Path) -> int | None:
     """Start a controller unless one runs; returns the new pid, or None if one was running."""
     if running_pid(lab_dir) is not None:
         return None
-    return start_background(lab_dir, wait=False)
+    started = start_background(lab_dir, wait=False)
+    return started.pid if started.new else None
 
 
 def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
@@ -104,7 +131,7 @@ def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = 
     `policy(ledger, config, lab_dir)` makes the verdict policy the controller stores with each
     run's end (`fleet.controller.VerdictPolicy`); the lab's is `nightlab.judge.Judge`.
     """
-    from nightlab.config import UNCOMMITTED_WARNING, load_lab_config
+    from nightlab.config import load_lab_config
     from nightlab.fleet.controller import Controller, build_slots
     from nightlab.ledger import open_ledger
 
@@ -123,8 +150,8 @@ def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = 
             return 3
         try:
             loaded = load_lab_config(lab_dir)
-            if loaded.uncommitted:
-                logging.getLogger("nightlab.controller").warning(UNCOMMITTED_WARNING)
+            if loaded.warning:
+                logging.getLogger("nightlab.controller").warning(loaded.warning)
             config = loaded.config
             from nightlab.errors import UsageError
             from nightlab.fleet.health import check_capacity
@@ -196,10 +223,8 @@ def revive(lab_dir: Path, ledger=None) -> int | None:
         died = ledger.controller() is not None
     if not died:
         return None
-    try:
-        return start_background(lab_dir, wait=False)
-    except ControllerError:  # another CLI call restarted it first
-        return None
+    started = start_background(lab_dir, wait=False)  # another CLI call may have restarted it first
+    return started.pid if started.new else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,4 +35,7 @@ def show_payload(
     # a degraded run is re-run once (fleet/health.py): the one figure that counts is the re-run's
     data["rerun_of"], data["rerun"] = lab.ledger.rerun_links(e.id)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
+    # a finished run's log deleted by hand (or with its run folder) reads as missing, not as a
+    # silent empty tail; a remote run's log may not exist yet while it runs
+    data["log_missing"] = e.status.is_finished() and bool(log_path) and not Path(log_path).is_file()
     return data

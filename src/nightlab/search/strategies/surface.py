@@ -25,7 +25,7 @@ optimum only a mean of several runs can show a gain.
 
 Everything is rebuilt from the history (the radius from which waves adopted their predicted
 point), so a resumed search proposes what the uninterrupted one would have. Tuned on
-bench/search_sim.py (docs/search.md has the figures).
+bench/search_sim.py (the figures: bench/RESULTS.md).
 """
 
 from __future__ import annotations
