@@ -37,9 +37,8 @@ def noise_sigma(
     Only `ok` runs count (a `degraded` one never does); `epoch` keeps it to one comparison epoch
     (`identity.epoch_key`): a new budget or timeout has its own noise.
     """
-    return pooled_sd(
-        repeat_groups(ledger.experiments(status=ExperimentStatus.FINISHED, tier=tier), metric, epoch)
-    )
+    # the ranking keys carry all it needs: no row decoded (the judge asks this at every run's end)
+    return pooled_sd(repeat_groups(ledger.rank_keys(metric, tier=tier), metric, epoch))
 
 
 def repeat_groups(
