@@ -8,6 +8,7 @@ the CLI, reports and dashboard all show the same ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +37,24 @@ def noise_sigma(
     Only `ok` runs count (a `degraded` one never does); `epoch` keeps it to one comparison epoch
     (`identity.epoch_key`): a new budget or timeout has its own noise.
     """
+    # the ranking keys carry all it needs: no row decoded (the judge asks this at every run's end)
+    return pooled_sd(repeat_groups(ledger.rank_keys(metric, tier=tier), metric, epoch))
+
+
+def repeat_groups(
+    runs: Iterable[Experiment | RankKey], metric: str, epoch: str | None = None
+) -> list[list[float]]:
+    """The metric of the ok runs (of one tier) grouped by snapshot: what a noise floor pools.
+
+    `runs` may be decoded experiments or a listing's `RankKey`s (the dashboard's overview pools
+    the floor from the keys it ranked, without decoding a row).
+    """
     groups: dict[str, list[float]] = {}
-    for e in ledger.experiments(status=ExperimentStatus.FINISHED, tier=tier):
+    for e in runs:
         v = e.metric(metric)
         if e.ok and v is not None and (epoch is None or e.epoch == epoch):
             groups.setdefault(e.tree, []).append(v)
-    return pooled_sd(groups.values())
+    return list(groups.values())
 
 
 def baseline_figures(
@@ -69,6 +82,8 @@ class ResultRow:
     # its verdict was judged against another incumbent than today's (`Experiment.judged` says which)
     earlier_incumbent: bool = False
     incumbent: bool = False  # a run of today's incumbent: its verdict is history, not a judgement of it
+    # judged against today's incumbent when its figure was another (fewer runs): `judged` says which
+    earlier_figure: bool = False
 
     def to_dict(self, metric: str) -> dict:
         e = self.experiment
@@ -79,6 +94,7 @@ class ResultRow:
             "delta": self.delta,
             "judged": e.judged,
             "earlier_incumbent": self.earlier_incumbent,
+            "earlier_figure": self.earlier_figure,
             "incumbent": self.incumbent,
             "epoch": e.epoch,
             "health": e.health,
@@ -97,6 +113,29 @@ class Ranked:
     delta: float | None
     earlier_incumbent: bool = False
     incumbent: bool = False
+    earlier_figure: bool = False
+
+    def row(self, experiment: Experiment) -> ResultRow:
+        """The decoded row of this place (`experiment` is `key`'s experiment)."""
+        return ResultRow(
+            experiment, self.value, self.delta, self.earlier_incumbent, self.incumbent, self.earlier_figure
+        )
+
+
+# the verdicts of a comparison against the incumbent (what its figure, moved since, can make stale)
+_COMPARED = (Verdict.KEEP, Verdict.WITHIN_NOISE, Verdict.DISCARD)
+
+
+def _judged_on_another_figure(k: RankKey, inc: Figure | None) -> bool:
+    """Whether `k`'s verdict was judged against today's incumbent when its figure was another.
+
+    The judge re-judges `within-noise` and missing verdicts when the incumbent's figure moves,
+    never a `keep` or `discard` (`Judge.refresh_pending`): a `discard` judged against one run of
+    the incumbent can sit beside a negative delta against its mean of three.
+    """
+    if inc is None or k.verdict not in _COMPARED or k.judged_n is None or k.judged_mean is None:
+        return False
+    return k.judged_n != inc.n or not math.isclose(k.judged_mean, inc.mean, rel_tol=1e-12, abs_tol=1e-15)
 
 
 def ranking(
@@ -134,10 +173,10 @@ def ranking(
         inc = incumbents.get(k.tier)
         # a run of another comparison epoch was measured differently: no delta against today's incumbent
         comparable = value is not None and inc is not None and k.epoch == current
-        earlier = k.judged_tree is not None and k.judged_tree != head_tree and k.tree != head_tree
-        ranked.append(
-            Ranked(k, value, value - inc.mean if comparable else None, earlier, ok and k.tree == head_tree)
-        )
+        mine = k.tree == head_tree
+        earlier = k.judged_tree is not None and k.judged_tree != head_tree and not mine
+        moved = k.judged_tree == head_tree and not mine and _judged_on_another_figure(k, inc)
+        ranked.append(Ranked(k, value, value - inc.mean if comparable else None, earlier, ok and mine, moved))
     sign = 1 if config.metric.lower_is_better else -1
     ok = sorted((r for r in ranked if r.value is not None), key=lambda r: (sign * r.value, r.key.seq))
     rest = sorted((r for r in ranked if r.value is None), key=lambda r: -r.key.seq)
@@ -156,7 +195,7 @@ def result_rows(ledger: Ledger, ranked: list[Ranked], *, tier: str | None = None
     else:
         exps = {e.id: e for e in ledger.experiments(ids=ids)}
     return [
-        ResultRow(exps[r.key.id], r.value, r.delta, r.earlier_incumbent, r.incumbent)
+        r.row(exps[r.key.id])
         for r in ranked
         if r.key.id in exps  # submitted after the ranking was read: the next listing has it
     ]
@@ -180,7 +219,7 @@ def every_result(
     exps = ledger.experiments(tier=tier)
     ranked, incumbents = ranking(ledger, config, lab_dir, tier=tier, experiments=exps)
     by_id = {e.id: e for e in exps}
-    rows = [ResultRow(by_id[r.key.id], r.value, r.delta, r.earlier_incumbent, r.incumbent) for r in ranked]
+    rows = [r.row(by_id[r.key.id]) for r in ranked]
     return rows, ranked, incumbents
 
 

@@ -8,8 +8,9 @@ A verdict is written at three moments, all of them here:
                          incumbent's own figure moved, re-judges the candidates judged too early
     a run cannot start   the same `Judge.end`: a launch refused is `invalid`, like a run that says
                          its result cannot be trusted
-    adoption             `Judge.adopted`: the adopted run (and, for a search's own decision, the
-                         snapshot's runs on the tier it was decided on) carry `keep`
+    adoption             `Judge.adopted`: for a search's own decision, the snapshot's runs on the
+                         tier it was decided on carry `keep`; a forced adoption keeps the run's
+                         own verdict (none included: no verdict is no `keep`, `Lab.adopt`)
 
 The fleet's controller never imports this module: the lab hands it a `Judge` as its verdict
 policy (`fleet.controller.VerdictPolicy`).
@@ -61,7 +62,15 @@ from nightlab.analysis import figure, noise_sigma, ok_values
 from nightlab.config import LabConfig
 from nightlab.identity import Incumbent
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Outcome, Verdict
-from nightlab.search.decide import Decision, Figure, adjusted_z, best_of_wave, promote, verdict
+from nightlab.search.decide import (
+    MAX_REPEATS,
+    Decision,
+    Figure,
+    adjusted_z,
+    best_of_wave,
+    promote,
+    verdict,
+)
 
 __all__ = ["Judge", "Screened", "kept", "trust", "tsv_status", "verdict_label"]
 
@@ -93,38 +102,52 @@ def tsv_status(e: Experiment, adopted_trees: Iterable[str]) -> str:
     return "keep" if kept(e, adopted_trees) else "discard"
 
 
-def verdict_context(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str | None:
-    """What a listing must say beside a verdict: "incumbent", "earlier incumbent", or None.
+def verdict_context(
+    verdict: str | None, *, incumbent: bool, earlier_incumbent: bool, earlier_figure: bool = False
+) -> str | None:
+    """What a listing must say beside a verdict: "incumbent", "earlier incumbent", "earlier figure",
+    or None.
 
     Args:
         incumbent: the run is of today's incumbent (its verdict is history, not a judgement of it).
         earlier_incumbent: the verdict was judged against another incumbent than today's.
+        earlier_figure: judged against today's incumbent when its figure (mean, n) was another, so
+            the delta beside it, against today's figure, may disagree with it (`analysis.ranking`).
     """
     if incumbent and verdict not in (Verdict.KEEP, Verdict.BASELINE):
-        return "incumbent"  # judged before it was adopted
+        return "incumbent"  # judged before it was adopted, or adopted by force without a verdict
     if earlier_incumbent:
         return "earlier incumbent"
+    if earlier_figure:
+        return "earlier figure"
     return None
 
 
-def verdict_label(verdict: str | None, *, incumbent: bool, earlier_incumbent: bool) -> str:
+def verdict_label(
+    verdict: str | None, *, incumbent: bool, earlier_incumbent: bool, earlier_figure: bool = False
+) -> str:
     """A verdict as listings show it, with `verdict_context` when there is one."""
     shown = verdict or "-"
-    context = verdict_context(verdict, incumbent=incumbent, earlier_incumbent=earlier_incumbent)
+    context = verdict_context(
+        verdict, incumbent=incumbent, earlier_incumbent=earlier_incumbent, earlier_figure=earlier_figure
+    )
     if context == "incumbent":
-        return f"incumbent (was {shown})"
-    if context == "earlier incumbent":
-        return f"{shown} (vs earlier incumbent)"
+        return f"incumbent (was {verdict})" if verdict else "incumbent (not judged)"
+    if context is not None:
+        return f"{shown} (vs {context})"
     return str(shown)
 
 
-def trust(e: Experiment, config: LabConfig) -> str:
-    """Who vouches for a run's figures: `harness`, `unsandboxed` or `self-reported` (harness/owned.py).
+def trust(e: Experiment, config: LabConfig) -> str | None:
+    """Who vouches for a run's figures: `harness`, `unsandboxed` or `self-reported` (harness/owned.py);
+    None while it is queued or running (it has no figures yet).
 
     Shown beside every verdict (results, show, the dashboard, results-wide.tsv); it never changes one.
     """
     from nightlab.harness.owned import trust as vouched
 
+    if not e.status.is_finished():
+        return None
     return vouched(e.metrics, builtin=config.target.builtin)
 
 
@@ -248,19 +271,70 @@ class Judge:
         The repeats come from the same decision (and z) that gave the stored verdict.
         """
         decision = self.decision(exp.tree, exp.tier, inc=inc)
-        repeats = decision.repeats_to_settle if decision is not None else None
+        noise = f"`nightlab noise --tier {exp.tier}`"
+        if decision is None:  # the incumbent's runs there are gone from the figures (degraded, crashed)
+            return f"{exp.id} is within noise, and the incumbent has no ok run on {exp.tier} now: run {noise}"
+        if decision.se is None:
+            # not a small gain: nothing measures the noise yet (a side of one run, no floor on the tier)
+            single = len(self.values(exp.tree, exp.tier)) == 1
+            steps = [f"{noise} (the tier's noise floor, from more runs of the incumbent)"]
+            if single:
+                steps.insert(0, f'`nightlab submit --from {exp.id} --repeats 1 -m "repeat {exp.id}"`')
+            side = "one run a side shows" if single else "the incumbent's one run shows"
+            return (
+                f"{exp.id} is within noise because its gain ({decision.delta:+.6f}) cannot be weighed yet: "
+                f"{side} no spread and {exp.tier} has no noise floor; settle it with " + " and ".join(steps)
+            )
+        repeats = decision.repeats_to_settle
         if repeats is None:
             return (
-                f"{exp.id} is within noise and the gain is too small to settle with a few runs; "
-                f"measure the noise floor with `nightlab noise --tier {exp.tier}` or treat it as no gain"
+                f"{exp.id} is within noise: its gain ({decision.delta:+.6f}, {decision.z_score:.1f} standard "
+                f"errors) would need more than {MAX_REPEATS} more runs a side to settle; treat it as no gain"
             )
         steps = [f'`nightlab submit --from {exp.id} --repeats {repeats.candidate} -m "repeat {exp.id}"`']
         if repeats.incumbent:
             steps.append(f"`nightlab noise --repeats {repeats.incumbent} --tier {exp.tier}`")
         return f"{exp.id} is within noise: settle it with " + " and ".join(steps)
 
-    def trust(self, exp: Experiment) -> str:
-        """Who vouches for the figure a verdict was reached on (`trust`)."""
+    def explain(self, exp: Experiment, inc: Incumbent | None = None) -> tuple[str | None, str | None]:
+        """Why a run has its verdict and what to do next, in one line each (None where nothing is due).
+
+        The experiment page of the dashboard and `nightlab show --json` (`reason`, `next_step`) say
+        what `nightlab results` prints below its table: a within-noise run's settle hint, and the
+        decision's numbers behind a keep, within-noise or discard.
+        """
+        if exp.degraded:
+            return exp.detail, None  # its re-run is named beside it (`Ledger.rerun_links`)
+        inc = inc or self.incumbent()
+        if not exp.ok or exp.tree == inc.tree:
+            return None, None  # a crash says why in its detail; the incumbent is not a candidate
+        if exp.verdict is None:
+            return (
+                f"not judged: the incumbent had no ok run on tier {exp.tier} when it ended",
+                f"measure the incumbent with `nightlab noise --tier {exp.tier}`",
+            )
+        decision = self.decision(exp.tree, exp.tier, inc=inc)
+        if decision is None or decision.verdict != exp.verdict:
+            judged = exp.judged or {}
+            mean = judged.get("mean")
+            then = "no figure" if mean is None else f"{mean:.6f} (n={judged.get('n', 0)})"
+            return (
+                f"judged against the incumbent {str(judged.get('incumbent', ''))[:10]} at {then}"
+                + (
+                    f"; against today's figure it is {decision.verdict}: {decision.reason}"
+                    if decision
+                    else ""
+                ),
+                None,
+            )
+        if exp.verdict == Verdict.WITHIN_NOISE:
+            return decision.reason, self.settle_hint(exp, inc)
+        if exp.verdict == Verdict.KEEP and exp.adopted_at is None:
+            return decision.reason, f"adopt it with `nightlab adopt {exp.id}`"
+        return decision.reason, None
+
+    def trust(self, exp: Experiment) -> str | None:
+        """Who vouches for the figure a verdict was reached on (`trust`); None before it ends."""
         return trust(exp, self.config)
 
     def best_of_wave(
@@ -332,9 +406,18 @@ class Judge:
     def _refresh_siblings(
         self, exp: Experiment, verdict: Verdict | str | None, judged: dict[str, Any] | None
     ) -> None:
-        """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now."""
+        """Give the snapshot's other ok runs on the tier the verdict their pooled figure earns now.
+
+        An adopted run keeps the verdict it was adopted with: a forced adoption stays on record as
+        what it was (`incumbent (was within-noise)`), not a `keep` its later repeats carry.
+        """
         for other in self.ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
-            if other.id != exp.id and other.ok and other.verdict != verdict:
+            if other.id == exp.id or not other.ok or other.adopted_at is not None:
+                continue
+            # a candidate's same verdict on a newer figure is stored with it too: listings mark a
+            # verdict judged on another figure than today's (`analysis.ranking`)
+            newer = judged is not None and judged.get("tree") != exp.tree and other.judged != judged
+            if other.verdict != verdict or newer:
                 self.ledger.set_verdict(other.id, verdict, judged=judged)
 
     def refresh_pending(self, tier: str, inc: Incumbent | None = None) -> None:
@@ -354,20 +437,21 @@ class Judge:
                 continue
             seen.add(e.tree)
             new = self.verdict(e, Outcome.OK, None, inc)
-            if new is not None and new != e.verdict:
-                judged = self.context(tier, inc)
+            judged = self.context(tier, inc)
+            if new is not None and (new != e.verdict or e.judged != judged):
                 self.ledger.set_verdict(e.id, new, judged=judged)
                 self._refresh_siblings(e, new, judged)
 
     def adopted(self, exp: Experiment, *, decided_on: str | None = None) -> None:
         """Record the adoption of `exp` and the verdicts it implies.
 
-        A forced adoption keeps the run's own verdict (it was adopted, not judged better); one without
-        a verdict yet gets `keep`. `decided_on` is the tier a search judged it on (its decision, best
-        of the wave with the corrected z, is the authority there): the snapshot's ok runs on that tier
-        then carry `keep`, whatever a screen run or a run recorded too early said.
+        A forced adoption keeps the run's own verdict, none included: it was adopted, not judged
+        better, and listings show it as `incumbent (was ...)` (`verdict_label`), never as a `keep`.
+        `decided_on` is the tier a search judged it on (its decision, best of the wave with the
+        corrected z, is the authority there): the snapshot's ok runs on that tier then carry `keep`,
+        whatever a screen run or a run recorded too early said.
         """
-        self.ledger.mark_adopted(exp.id, verdict=exp.verdict or Verdict.KEEP)
+        self.ledger.mark_adopted(exp.id, verdict=exp.verdict)
         if decided_on is None:
             return
         for e in self.ledger.experiments(tree=exp.tree, tier=decided_on, with_metrics=False):

@@ -32,6 +32,7 @@ from nightlab.errors import (
 )
 from nightlab.lab_init import GENERATED, STATE_DIR, InitOptions, init_lab
 from nightlab.ledger import Experiment, ExperimentStatus, Ledger, NewExperiment, Source, Verdict, open_ledger
+from nightlab.reruns import RERUN_DECISION_WAIT, Reruns
 
 if TYPE_CHECKING:
     from nightlab.judge import Judge
@@ -335,10 +336,14 @@ class Lab:
         timeout: float | None = None,
         poll: float = 0.2,
         on_tick: Any = None,
+        reruns: bool = False,
     ) -> list[Experiment]:
         """Block until the experiments end (`mode` all) or one of them ends (`any`).
 
-        With `ids` None: every experiment that is queued or running now.
+        With `ids` None: every experiment that is queued or running now. With `reruns` (mode all),
+        the re-run the controller queues for each that ends degraded is waited for too and returned
+        after them (`nightlab.reruns`): a degraded run is never judged, its re-run's figure counts.
+
         Raises:
             WaitTimeoutError: the timeout passed first (exit 1); it carries the experiments' state.
         """
@@ -354,11 +359,19 @@ class Lab:
             for i in watch:
                 self.ledger.get(i)  # unknown ids fail now, not after the timeout
         deadline = None if timeout is None else time.time() + timeout
+        follow = Reruns(self.ledger) if reruns and mode == "all" else None
         while True:
             exps = self.ledger.experiments(ids=watch) if watch else []
             done = [e for e in exps if e.status.is_finished()]
-            if (mode == "any" and done) or len(done) == len(exps):
-                return done if mode == "any" else exps
+            if mode == "any" and done:
+                return done
+            if len(done) == len(exps):
+                left = RERUN_DECISION_WAIT if deadline is None else max(0.0, deadline - time.time())
+                more = follow.of(done, timeout=min(left, RERUN_DECISION_WAIT)) if follow else []
+                if not more:
+                    return exps
+                watch += more
+                continue
             if on_tick is not None:
                 on_tick(exps)
             if deadline is not None and time.time() >= deadline:
@@ -378,7 +391,8 @@ class Lab:
         `decided_on`: the tier a search judged it on (`Judge.adopted` says what that changes).
 
         Raises:
-            UsageError: the experiment did not finish ok, or editable files have uncommitted edits.
+            UsageError: the experiment did not finish ok, its verdict is not `keep` (none counts as
+                not `keep`) and `force` is off, or editable files have uncommitted edits.
         """
         exp = self.ledger.get(experiment_id)
         editable = self.config.target.editable
@@ -392,6 +406,15 @@ class Lab:
             raise UsageError(
                 f"{exp.id} ended `{exp.outcome or exp.status.label}`; only a finished ok run can be adopted "
                 "(`--force` to adopt anyway)"
+            )
+        if exp.verdict is None and not force:
+            # no verdict is no keep: its incumbent had no ok run on the tier (degraded, crashed,
+            # never run) when it ended; measuring the incumbent judges it (`Judge.refresh_pending`)
+            judged_then = "which judges it, " if exp.parent == self.head() else ""
+            raise UsageError(
+                f"{exp.id} has no verdict: the incumbent had no ok run on tier `{exp.tier}` to judge it "
+                f"against; measure the incumbent with `nightlab noise --tier {exp.tier}`, {judged_then}"
+                "and adopt it if it is `keep` (`--force` adopts it unjudged)"
             )
         if exp.verdict not in (None, Verdict.KEEP, Verdict.BASELINE) and not force:
             raise UsageError(

@@ -112,33 +112,66 @@ def trust_note(exps: Iterable[Experiment], *, builtin: bool) -> str:
     return ", ".join(f"{counts[k]} {k}" for k in ("self-reported", "unsandboxed") if counts[k])
 
 
+def _entry_label(entry: Experiment) -> str:
+    """How progress.png names a snapshot on the incumbent line: the baseline, a kept change, or a
+    forced adoption (adopted without a `keep`: it says so, never "kept")."""
+    if entry.verdict == Verdict.BASELINE:
+        return "baseline"
+    if entry.verdict == Verdict.KEEP:
+        return f"kept {entry.id}: {entry.description[:40]}"
+    return f"adopted {entry.id} by force ({entry.verdict or 'no verdict'}): {entry.description[:40]}"
+
+
+# the runs of a panel that are neither kept nor `keep`, by verdict: (label, colour, size, z-order);
+# None also draws any verdict not listed (an ok run is one of these three or not judged)
+_OTHERS = (
+    # gained, but not by more than the noise yet: the night's best is often one of these
+    (Verdict.WITHIN_NOISE, "within noise (not settled)", "#e9a23b", 22, 3),
+    (Verdict.DISCARD, "discarded", "#b0b0b0", 14, 2),
+    (None, "not judged (incumbent unmeasured)", "#9fa8da", 14, 2),
+)
+_SHOWN = {v for v, *_ in _OTHERS if v is not None}
+
+
 def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
-    """Every ok experiment as a dot in submission order, kept ones highlighted, the incumbent's
-    figure as a step line labelled with each kept change; one panel per tier."""
+    """Every ok experiment as a dot in submission order, coloured by verdict, kept ones highlighted,
+    the incumbent's figure as a step line labelled with each kept change; one panel per tier. The
+    degraded runs (never judged) are not drawn: each panel's title counts them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric = config.metric.name
-    exps = [
-        e
-        for e in ledger.experiments(status=ExperimentStatus.FINISHED)
-        if e.ok and e.metric(metric) is not None
-    ]
-    tiers = sorted({e.tier for e in exps}) or ["-"]
+    finished = ledger.experiments(status=ExperimentStatus.FINISHED)
+    exps = [e for e in finished if e.ok and e.metric(metric) is not None]
+    degraded: dict[str, int] = {}
+    for e in finished:
+        if e.degraded:
+            degraded[e.tier] = degraded.get(e.tier, 0) + 1
+    tiers = sorted({e.tier for e in exps} | set(degraded)) or ["-"]
     adopted = adopted_trees(exps)
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
     better = min if config.metric.lower_is_better else max
     for ax, tier in zip(axes[:, 0], tiers, strict=True):
         mine = [e for e in exps if e.tier == tier]
         xs = [e.seq for e in mine]
-        ys = [e.metric(metric) for e in mine]
         # kept = the baseline and what was adopted (`judge.kept`); a run that beat the incumbent too
         # but lost to the wave's best carries the verdict `keep` without being adopted: drawn apart
         kept = [e for e in mine if is_kept(e, adopted)]
         beat = [e for e in mine if e.verdict == Verdict.KEEP and e not in kept]
-        ax.scatter(xs, ys, s=14, color="#b0b0b0", label="discarded", zorder=2)
+        rest = [e for e in mine if e not in kept and e not in beat]
+        for verdict, label, color, size, z in _OTHERS:
+            group = [e for e in rest if e.verdict == verdict or (verdict is None and e.verdict not in _SHOWN)]
+            if group:
+                ax.scatter(
+                    [e.seq for e in group],
+                    [e.metric(metric) for e in group],
+                    s=size,
+                    color=color,
+                    label=label,
+                    zorder=z,
+                )
         if beat:
             ax.scatter(
                 [e.seq for e in beat],
@@ -162,9 +195,7 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
             step_x.append(entry.seq)
             step_y.append(best)
             ax.annotate(
-                "baseline"
-                if entry.verdict == Verdict.BASELINE
-                else f"kept {entry.id}: {entry.description[:40]}",
+                _entry_label(entry),
                 (entry.seq, mean),
                 fontsize=7,
                 rotation=20,
@@ -185,15 +216,19 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
                 zorder=1,
             )
         note = trust_note(mine, builtin=config.target.builtin)
+        starved = degraded.get(tier, 0)
         ax.set_title(
             f"tier {tier}: {len(mine)} ok runs{f' ({note})' if note else ''}, "
             f"{len({e.tree for e in kept})} kept snapshots"
+            + (f"; {starved} degraded runs not drawn (starved or throttled: never judged)" if starved else "")
         )
         ax.set_xlabel("experiment #")
         ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")
         ax.grid(alpha=0.3)
         if mine:
             ax.legend(loc="upper right", fontsize=8)
+        elif starved:
+            ax.text(0.5, 0.5, "no ok run: every run here was degraded", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -190,13 +190,51 @@ def test_only_the_judge_writes_verdicts():
         assert not imports & {"nightlab.analysis", "nightlab.research", "nightlab.judge"}, module
 
 
-def test_adoption_keeps_a_forced_verdict_and_gives_keep_to_an_unjudged_run(lab):
+def _base(lab: Lab, ctrl: Controller, values: list[float | None], outcome: str = "ok") -> list[str]:
+    """Runs of the incumbent (HEAD's files) with fresh seeds, ended with `values` and `outcome`."""
+    runs = lab.submit("base", repeats=len(values), fresh_seeds=True, start_controller=False)
+    _run(lab, ctrl, {e.id: v for e, v in zip(runs, values, strict=True)}, outcome=outcome)
+    return [e.id for e in runs]
+
+
+def test_a_run_without_a_verdict_is_no_keep_and_a_forced_adoption_stays_on_record_as_unjudged(lab):
+    """Issue 32: with the baseline degraded, a (worse) run has no verdict; `adopt` took it without
+    `--force` and recorded `keep` (`keep +0.000000`)."""
     ctrl = _controller(lab)
+    _base(lab, ctrl, [1.0, 1.0], outcome="degraded")  # the baseline's machine was starved
     [worse] = _candidate(lab, "0.005")
-    _run(lab, ctrl, {worse.id: 1.5})  # no incumbent figure yet: no verdict
+    _run(lab, ctrl, {worse.id: 1.5})
     assert lab.ledger.get(worse.id).verdict is None
-    lab.adopt(worse.id)
-    assert lab.ledger.get(worse.id).verdict == Verdict.KEEP
+    head = lab.head()
+    refused = nightlab("adopt", worse.id, cwd=lab.path, check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"{worse.id} has no verdict" in refused.stderr and "`nightlab noise --tier cpu`" in refused.stderr
+    assert "`--force`" in refused.stderr and lab.head() == head
+    nightlab("adopt", worse.id, "--force", cwd=lab.path)
+    forced = lab.ledger.get(worse.id)
+    assert forced.adopted_at is not None and forced.verdict is None
+    row = next(
+        e
+        for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]
+        if e["id"] == worse.id
+    )
+    assert row["verdict"] is None and row["verdict_label"] == "incumbent (not judged)"
+    line = next(x for x in nightlab("results", cwd=lab.path).stdout.splitlines() if x.startswith(worse.id))
+    assert "incumbent (not judged)" in line and "keep" not in line
+    # the forced incumbent's later runs carry `keep` (on the branch); its adopted run stays unjudged
+    _base(lab, ctrl, [1.49, 1.51])
+    assert lab.ledger.get(worse.id).verdict is None
+
+
+def test_measuring_the_incumbent_judges_the_run_adopt_refused(lab):
+    ctrl = _controller(lab)
+    better, again = _candidate(lab, "0.02", n=2)
+    _run(lab, ctrl, {better.id: 0.9, again.id: 0.901})  # the incumbent never ran: no verdict
+    with pytest.raises(UsageError, match="which judges it"):
+        lab.adopt(better.id)
+    _measure_incumbent(lab, ctrl, [1.00, 1.01, 0.99])
+    assert lab.ledger.get(better.id).verdict == Verdict.KEEP
+    lab.adopt(better.id)
 
 
 # --- one rule per duplicated decision ---------------------------------------------------------------
@@ -399,3 +437,118 @@ def test_every_verdict_uses_the_floor_with_its_degrees_of_freedom(lab):
     assert lab.ledger.get(a.id).verdict == lab.ledger.get(b.id).verdict == Verdict.WITHIN_NOISE
     picked = judge.best_of_wave({a.id: a.tree}, "cpu")
     assert picked[0] == a.id and picked[1] == decision
+
+
+# --- the morning view says what a result rests on (issue 32) -------------------------------------
+
+
+def _stderr_line(lab: Lab, *needles: str, args: tuple[str, ...] = ()) -> str:
+    said = nightlab("results", *args, cwd=lab.path).stderr.splitlines()
+    return next(line for line in said if all(n in line for n in needles))
+
+
+def test_a_large_gain_on_one_run_a_side_is_told_what_evidence_is_missing(lab):
+    """37 % better on one run a side, no noise floor: not "too small to settle", but one more run
+    and the tier's noise floor."""
+    ctrl = _controller(lab)
+    _base(lab, ctrl, [1.0])
+    [better] = _candidate(lab, "0.02")
+    _run(lab, ctrl, {better.id: 0.63})
+    assert lab.ledger.get(better.id).verdict == Verdict.WITHIN_NOISE
+    hint = _stderr_line(lab, f"{better.id} is within noise")
+    assert "too small" not in hint and "no gain" not in hint
+    assert "(+0.370000) cannot be weighed yet" in hint and "one run a side shows no spread" in hint
+    assert (
+        f"`nightlab submit --from {better.id} --repeats 1" in hint and "`nightlab noise --tier cpu`" in hint
+    )
+    # the dashboard and `show --json` give the decision's reason and the same next step
+    shown = json.loads(nightlab("show", better.id, "--json", cwd=lab.path).stdout)
+    assert shown["reason"] == "single run and no noise floor; measure it with `nightlab noise`"
+    assert shown["next_step"] == hint
+
+
+def test_a_gain_out_of_reach_is_called_so_with_its_numbers(lab):
+    ctrl = _controller(lab)
+    _measure_incumbent(lab, ctrl, [1.00, 1.10, 0.90])  # a floor of 0.1
+    [close] = _candidate(lab, "0.02")
+    _run(lab, ctrl, {close.id: 0.9999})
+    hint = _stderr_line(lab, f"{close.id} is within noise")
+    assert "would need more than 64 more runs a side to settle; treat it as no gain" in hint
+
+
+def test_a_verdict_judged_on_an_earlier_figure_of_the_incumbent_is_marked(lab):
+    """A `discard` against one run of the incumbent sat, unmarked, beside a negative delta once
+    the incumbent's mean of three moved past it."""
+    ctrl = _controller(lab)
+    _base(lab, ctrl, [1.00])
+    [late] = _candidate(lab, "0.02")
+    _run(lab, ctrl, {late.id: 1.005})
+    assert lab.ledger.get(late.id).verdict == Verdict.DISCARD
+    _base(lab, ctrl, [1.02, 1.03])  # the incumbent's mean is 1.0167 now: the discard is 0.012 better
+    rows = {e["id"]: e for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]}
+    row = rows[late.id]
+    assert row["delta"] < 0 and row["earlier_figure"] and not row["earlier_incumbent"]
+    assert row["verdict_label"] == "discard (vs earlier figure)"
+    assert not any(r["earlier_figure"] for i, r in rows.items() if i != late.id)
+    line = _stderr_line(lab, "vs earlier figure")
+    assert f"e.g. {late.id} against 1.000000 (n=1), today 1.016667 (n=3)" in line
+    # a within-noise verdict is re-judged on the new figure and stored with it: not marked
+    [close] = _candidate(lab, "0.021")
+    _run(lab, ctrl, {close.id: 1.01})
+    _base(lab, ctrl, [1.025])
+    rows = {e["id"]: e for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]}
+    assert rows[close.id]["verdict"] == "within-noise" and not rows[close.id]["earlier_figure"]
+    assert rows[close.id]["judged"]["n"] == 4
+
+
+def test_results_footnotes_only_the_rows_it_shows_and_names_each_re_run(lab):
+    ctrl = _controller(lab)
+    _base(lab, ctrl, [1.0, 1.01])
+    starved = _base(lab, ctrl, [1.2, 1.3, 1.4], outcome="degraded")
+    [again] = lab.submit("re-run of the first", seed=99, start_controller=False)
+    lab.ledger.log_event("rerun", again.id, of=starved[0], worker="cpu-0")
+    _run(lab, ctrl, {again.id: 1.5}, outcome="degraded")  # the re-run starved too: not re-run again
+    [queued] = _candidate(lab, "0.02")
+    said = nightlab("results", "--all", cwd=lab.path).stderr
+    assert f"{starved[0]} " in said and f"re-run as {again.id} (degraded))" in said
+    assert f"it is the re-run of {starved[0]}: not re-run again)" in said
+    assert f"{starved[1]} " in said and "to be re-run once)" in said
+    assert "; re-run once)" not in said
+    table = nightlab("results", "-n", "1", cwd=lab.path)
+    assert "not judged, not in any figure" not in table.stderr  # the one row shown is the best ok run
+    # a queued run has no figure: nobody vouches for it yet
+    rows = {e["id"]: e for e in json.loads(nightlab("results", "--json", cwd=lab.path).stdout)["experiments"]}
+    assert rows[queued.id]["trust"] is None and rows[starved[0]]["trust"] == "self-reported"
+    line = next(
+        x for x in nightlab("results", "--all", cwd=lab.path).stdout.splitlines() if x.startswith(queued.id)
+    )
+    assert "self-reported" not in line
+
+
+def test_progress_png_draws_within_noise_apart_and_counts_the_degraded_runs_it_leaves_out(lab, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from nightlab.report import progress_png
+
+    ctrl = _controller(lab)
+    _base(lab, ctrl, [1.0])
+    _base(lab, ctrl, [1.1, 1.2], outcome="degraded")
+    [best] = _candidate(lab, "0.02")
+    [worse] = _candidate(lab, "0.03")
+    _run(lab, ctrl, {best.id: 0.9, worse.id: 1.1})
+    drawn, titles, labels = {}, [], []
+    monkeypatch.setattr(Axes, "scatter", lambda self, xs, ys, **k: drawn.setdefault(k.get("label"), list(xs)))
+    monkeypatch.setattr(Axes, "set_title", lambda self, text, *a, **k: titles.append(text))
+    monkeypatch.setattr(Axes, "annotate", lambda self, text, *a, **k: labels.append(text))
+    progress_png(lab.ledger, lab.config, lab.path / "progress.png")
+    seq = {e.id: e.seq for e in lab.ledger.experiments()}
+    assert drawn["within noise (not settled)"] == [seq[best.id]]
+    assert drawn["discarded"] == [seq[worse.id]]
+    assert titles == [
+        "tier cpu: 3 ok runs (3 self-reported), 1 kept snapshots; 2 degraded runs not drawn (starved or throttled: never judged)"
+    ]
+    # a forced adoption is named as one, never as "kept"
+    nightlab("adopt", best.id, "--force", cwd=lab.path)
+    labels.clear()
+    progress_png(lab.ledger, lab.config, lab.path / "progress.png")
+    assert labels == ["baseline", f"adopted {best.id} by force (within-noise): lr 0.02"]

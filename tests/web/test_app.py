@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/web/test_app.py
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 import pytest
@@ -194,6 +195,51 @@ def test_overview_page_shows_the_figures(night_lab, client):
     assert 'id="progress-chart"' in html and "/static/uPlot.iife.min.js" in html
 
 
+def test_the_overview_shows_each_tiers_noise_floor_as_nightlab_noise_does(night_lab, client, make_lab):
+    """Issue 32: nothing on the overview said how sure a result is."""
+    floors = night_lab.cli_json("noise", "--show")["tiers"]
+    [tier] = client.get("/api/overview").json()["tiers"]
+    assert floors["cpu"]["sigma"] is not None  # the adopted LR ran twice
+    assert (tier["noise"]["sigma"], tier["noise"]["dof"]) == (
+        pytest.approx(floors["cpu"]["sigma"]),
+        floors["cpu"]["dof"],
+    )
+    html = client.get("/").text
+    assert f'data-figure="noise-cpu">noise floor ± {tier["noise"]["sigma"]:.6f}' in html
+    assert f"n={tier['noise']['runs']}, {tier['noise']['dof']} dof" in html
+    # a tier without repeats: unmeasured, and the command that measures it
+    from fastapi.testclient import TestClient
+
+    from labkit import nightlab, wait_json
+
+    lab = make_lab(slots=1)
+    [only] = json.loads(nightlab("submit", "-m", "one run", "--json", cwd=lab).stdout)
+    wait_json(lab, only["id"])
+    nightlab("fleet", "stop", cwd=lab)
+    with TestClient(create_app(lab)) as c:
+        html = c.get("/").text
+    assert 'noise floor <span class="bad">unmeasured</span>' in html
+    assert "<code>nightlab noise --tier cpu</code>" in html
+
+
+def test_the_experiment_page_says_why_a_verdict_and_what_next(night_lab, client):
+    """Issue 32: the run page said `within-noise` with no reason or next step."""
+    from markupsafe import escape
+
+    reasons = 0
+    for role in ("better", "xss", "wave0", "wave1", "wave2", "wave3"):
+        eid = night_lab.ids[role]
+        shown = night_lab.cli_json("show", eid)
+        page = client.get(f"/api/experiments/{eid}").json()
+        assert (page["reason"], page["next_step"]) == (shown["reason"], shown["next_step"])
+        html = client.get(f"/experiments/{eid}").text
+        for key in ("reason", "next_step"):
+            if page[key]:
+                assert str(escape(page[key])) in html, (role, key)
+        reasons += page["reason"] is not None
+    assert reasons >= 1
+
+
 def test_pages_load_nothing_from_other_hosts(client):
     for path in ("/", "/fleet", "/waves", "/agent"):
         html = client.get(path).text
@@ -232,7 +278,11 @@ def test_read_only(night_lab, client):
         assert not hasattr(lab.ledger, "set_verdict") and not hasattr(lab.ledger, "transaction")
         with pytest.raises(NightlabError, match="readonly"):
             lab.ledger._query("DELETE FROM events")  # past every method: SQLite refuses
-        assert lab.ledger.get(night_lab.ids["better"]).verdict == "keep"
+        adopted = lab.ledger.get(night_lab.ids["better"])  # reads still work
+        assert (
+            adopted.adopted_at is not None
+            and adopted.verdict == night_lab.cli_json("show", adopted.id)["verdict"]
+        )
 
 
 def test_token_is_required_on_every_request(night_lab):

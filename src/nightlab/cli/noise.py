@@ -40,7 +40,7 @@ def command(lab, repeats, tier, show, wait_, as_json) -> None:
                 f"queued {len(ids)} runs of the incumbent on {wave.wave.tier}; `nightlab noise --show` once done"
             )
             return
-        lab.wait(ids)
+        lab.wait(ids, reruns=True)  # a degraded repeat counts in no floor: its re-run does
         tier = wave.wave.tier
     elif tier is not None:
         lab.check_tier(tier)

@@ -13,8 +13,22 @@ def verdict_cell(row) -> str:
     from nightlab.judge import verdict_label
 
     return verdict_label(
-        row.experiment.verdict, incumbent=row.incumbent, earlier_incumbent=row.earlier_incumbent
+        row.experiment.verdict,
+        incumbent=row.incumbent,
+        earlier_incumbent=row.earlier_incumbent,
+        earlier_figure=row.earlier_figure,
     )
+
+
+def _rerun_note(lab, row) -> str:
+    """What became of a degraded run: its one re-run (and how that ended), or that it is the re-run."""
+    of, rerun = lab.ledger.rerun_links(row.experiment.id)
+    if of is not None:
+        return f"it is the re-run of {of}: not re-run again"
+    if rerun is None:
+        return "to be re-run once"
+    again = lab.ledger.get(rerun)
+    return f"re-run as {again.id} ({again.outcome or again.status.label})"
 
 
 @click.command("results")
@@ -92,7 +106,7 @@ def command(lab, tier, all_, limit, as_json) -> None:
         else:
             value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
         delta = "-" if r.delta is None else f"{r.delta:+.6f}"
-        vouched = judge.trust(e)
+        vouched = judge.trust(e) or "-"  # a queued or running run has no figures to vouch for
         table.add_row(e.id, e.tier, value, delta, verdict_cell(r), vouched, str(e.seed), e.description[:60])
     out.print(table)
     if not lab.config.target.builtin:
@@ -104,8 +118,11 @@ def command(lab, tier, all_, limit, as_json) -> None:
     say(
         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ("" if all_ else "  (--all for every row)")
     )
-    for r in result_rows(lab.ledger, [r for r in ranked if r.key.degraded], tier=tier):
-        say(f"{r.experiment.id} {r.experiment.detail} (not judged, not in any figure; re-run once)")
+    for r in shown:  # the rows shown only: `-n 2` gets no footnote for a row it left out
+        if r.experiment.degraded:
+            say(
+                f"{r.experiment.id} {r.experiment.detail} (not judged, not in any figure; {_rerun_note(lab, r)})"
+            )
     earlier = [r for r in shown if r.earlier_incumbent]
     if earlier:
         j = earlier[0].experiment.judged or {}
@@ -114,10 +131,20 @@ def command(lab, tier, all_, limit, as_json) -> None:
             f"{len(earlier)} verdict(s) marked `vs earlier incumbent` were judged before today's incumbent "
             f"(e.g. {earlier[0].experiment.id} against {against}); their delta is against today's"
         )
+    moved = [r for r in shown if r.earlier_figure]
+    if moved:
+        j = moved[0].experiment.judged or {}
+        now = incumbents.get(moved[0].experiment.tier)
+        today = f"{fmt(now.mean)} (n={now.n})" if now else "unmeasured"
+        say(
+            f"{len(moved)} verdict(s) marked `vs earlier figure` were judged when the incumbent's figure was "
+            f"another (e.g. {moved[0].experiment.id} against {fmt(j.get('mean'))} (n={j.get('n', 0)}), "
+            f"today {today}); their delta is against today's"
+        )
     seen = set()
     inc = judge.incumbent()
-    for r in ranked:
-        e = r.key
+    for r in shown:
+        e = r.experiment
         # the incumbent is never a candidate: no hint to "settle" it against itself
         if e.verdict == "within-noise" and not r.incumbent and (e.tree, e.tier) not in seen:
             seen.add((e.tree, e.tier))

@@ -22,6 +22,9 @@ from nightlab.cli._common import emit_json, json_option, say, with_lab
 def command(lab, ids, all_, any_, timeout, as_json) -> None:
     """Block until experiments end; prints each one's outcome and metric.
 
+    Without `--any` it also waits for the re-run the fleet queues for each run that ends
+    `degraded`, and lists it after them.
+
     \b
     Example:
       nightlab wait --any --json | jq -r '.[].id'
@@ -50,7 +53,8 @@ def command(lab, ids, all_, any_, timeout, as_json) -> None:
         ]
 
     try:
-        done = lab.wait(list(ids) or None, mode="any" if any_ else "all", timeout=timeout)
+        # a degraded run says nothing: waiting for all waits for the re-runs of those that end so
+        done = lab.wait(list(ids) or None, mode="any" if any_ else "all", timeout=timeout, reruns=True)
     except WaitTimeoutError as e:
         if as_json:  # a script learns what is still queued or running, then the exit code says timeout
             emit_json(rows(e.experiments))

@@ -172,13 +172,14 @@ class BaseLedger(ABC):
     def rank_keys(self, metric: str, *, tier: str | None = None) -> list[RankKey]:
         """Every experiment (of `tier`) as a `RankKey` for `metric`, in submission order.
 
-        Reads a dozen columns and one metric per experiment: no JSON is decoded but the
-        judged incumbent's tree (by SQLite). Decode the rows you show with `experiments(ids=...)`.
+        Reads a dozen columns and one metric per experiment: no JSON is decoded but the judged
+        incumbent's tree and figure (by SQLite). Decode the rows you show with `experiments(ids=...)`.
         """
         where, args = ("WHERE e.tier = ?", [tier]) if tier is not None else ("", [])
         rows = self._query(
             "SELECT e.id, e.seq, e.tier, e.tree, e.epoch, e.status, e.outcome, e.verdict,"
-            " json_extract(e.judged, '$.tree'), m.value, e.finished_at, e.adopted_at, e.description"
+            " json_extract(e.judged, '$.tree'), m.value, e.finished_at, e.adopted_at, e.description,"
+            " json_extract(e.judged, '$.mean'), json_extract(e.judged, '$.n')"
             " FROM experiments e"
             f" LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = ? {where} ORDER BY e.seq",
             [metric, *args],
@@ -199,6 +200,8 @@ class BaseLedger(ABC):
                 r[10],
                 r[11],
                 r[12],
+                r[13],
+                r[14],
             )
             for r in rows
         ]

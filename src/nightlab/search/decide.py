@@ -59,6 +59,7 @@ from nightlab.errors import UsageError
 
 __all__ = [
     "FLOOR_REPEATS",
+    "MAX_REPEATS",
     "MIN_RUNS_TO_KEEP",
     "Decision",
     "critical",
@@ -86,7 +87,7 @@ MIN_RUNS_TO_KEEP = 2
 # The level at which a side's own spread counts as beyond the floor's (`_noisier_than_floor`).
 _SPREAD_LEVEL = 0.95
 # Beyond this many extra runs per side, settling a gain costs more than the gain is worth.
-_MAX_REPEATS = 64
+MAX_REPEATS = 64
 
 
 @dataclass(frozen=True)
@@ -274,10 +275,10 @@ def repeats_needed(
         threshold = critical(z, None if dof is None else dof + added)
         return gain > threshold * math.sqrt(sigma_c**2 / nc + sigma_i**2 / ni)
 
-    for extra in range(_MAX_REPEATS + 1):
+    for extra in range(MAX_REPEATS + 1):
         if significant(n_c + extra, n_i):
             return Repeats(candidate=extra, incumbent=0)
-    for n in range(max(n_c, n_i), max(n_c, n_i) + _MAX_REPEATS + 1):
+    for n in range(max(n_c, n_i), max(n_c, n_i) + MAX_REPEATS + 1):
         if significant(max(n, n_c), max(n, n_i)):
             return Repeats(candidate=max(n - n_c, 0), incumbent=max(n - n_i, 0))
     return None

@@ -57,7 +57,11 @@ def result_row(lab: Any, row: Any) -> dict[str, Any]:
     d = row.to_dict(lab.config.metric.name)
     d["trust"] = trust(row.experiment, lab.config)
     # what the table prints and the dashboard styles, by the judge's one rule for every listing
-    seen = {"incumbent": row.incumbent, "earlier_incumbent": row.earlier_incumbent}
+    seen = {
+        "incumbent": row.incumbent,
+        "earlier_incumbent": row.earlier_incumbent,
+        "earlier_figure": row.earlier_figure,
+    }
     d["verdict_context"] = verdict_context(row.experiment.verdict, **seen)
     d["verdict_label"] = verdict_label(row.experiment.verdict, **seen)
     return d

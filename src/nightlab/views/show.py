@@ -34,6 +34,10 @@ def show_payload(
     data["trust"] = trust(e, lab.config)
     # a degraded run is re-run once (fleet/health.py): the one figure that counts is the re-run's
     data["rerun_of"], data["rerun"] = lab.ledger.rerun_links(e.id)
+    # why the verdict, and the next step: what `nightlab results` prints below its table
+    from nightlab.judge import Judge
+
+    data["reason"], data["next_step"] = Judge(lab.ledger, lab.config, lab.path).explain(e)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
     # a finished run's log deleted by hand (or with its run folder) reads as missing, not as a
     # silent empty tail; a remote run's log may not exist yet while it runs

@@ -119,9 +119,36 @@ def counts(states: Iterable[tuple[str, str | None]]) -> dict[str, int]:
     return out
 
 
-def tier_summaries(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per tier: the incumbent's and the baseline's figure and the improvement between them."""
+def noise_floors(lab: ReadOnlyLab, ranked: list[Any]) -> dict[str, dict[str, Any]]:
+    """Per tier: the noise floor every verdict there used (sd of one run, its degrees of freedom,
+    the repeated runs it pools), as `nightlab noise --show` has it; sigma None when unmeasured.
+
+    Pooled from the ranked keys (no row decoded), in the comparison epoch in force, by the same
+    rule as `Judge.floor`.
+    """
+    from nightlab.analysis import repeat_groups
+    from nightlab.identity import epoch_key
+    from nightlab.search.decide import pooled_sd
+
+    metric, epoch = lab.config.metric.name, epoch_key(lab.config)
+    by_tier: dict[str, list[Any]] = {}
+    for r in ranked:
+        by_tier.setdefault(r.key.tier, []).append(r.key)
+    out = {}
+    for tier, keys in by_tier.items():
+        groups = repeat_groups(keys, metric, epoch)
+        sigma, dof = pooled_sd(groups)
+        out[tier] = {"sigma": sigma, "dof": dof, "runs": sum(len(g) for g in groups if len(g) > 1)}
+    return out
+
+
+def tier_summaries(
+    payload: dict[str, Any], floors: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Per tier: the incumbent's and the baseline's figure, the improvement between them, and the
+    noise floor (`noise_floors`) that says how sure a verdict there can be."""
     out = []
+    floors = floors or {}
     baseline = payload.get("baseline", {}).get("tiers", {})
     for tier, inc in payload["incumbent"]["tiers"].items():
         base = baseline.get(tier)
@@ -136,6 +163,7 @@ def tier_summaries(payload: dict[str, Any]) -> list[dict[str, Any]]:
                 "baseline": base,
                 "improvement": improvement,
                 "relative": relative,
+                "noise": floors.get(tier, {"sigma": None, "dof": 0, "runs": 0}),
             }
         )
     return out
@@ -168,7 +196,7 @@ def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
             "incumbent_commit": payload["incumbent"]["commit"],
             "epoch": payload["epoch"],
             "epoch_line": epoch_line(payload["epoch"]),
-            "tiers": tier_summaries(payload),
+            "tiers": tier_summaries(payload, noise_floors(lab, ranked)),
             "counts": counts((r.key.status.label, r.key.outcome) for r in ranked),
             "leaderboard": [rows[r.key.id] for r in leaders if r.key.id in rows],
             "recent_crashes": [rows[r.key.id] for r in crashes if r.key.id in rows],

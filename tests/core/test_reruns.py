@@ -1,11 +1,12 @@
-"""The demo follows a degraded run to its re-run, so it never reports or leaves one behind."""
+"""Waiting follows a degraded run to its re-run (`nightlab.reruns`): `nightlab wait` and the demo never stop at one."""
 
 from __future__ import annotations
 
 import threading
+import time
 
-from nightlab.demo import Reruns
 from nightlab.ledger import Ledger, NewExperiment
+from nightlab.reruns import Reruns
 
 
 def new(i: int, description: str = "idea") -> NewExperiment:
@@ -47,3 +48,40 @@ def test_reruns_gives_up_on_a_decision_that_never_comes(tmp_path):
         ledger.add_experiments([new(1)])
         ledger.finish_attempt(ledger.lease_next("w0", "cpu").id, outcome="degraded")
         assert Reruns(ledger).of(ledger.experiments(), timeout=0.3) == []
+
+
+def test_wait_for_all_waits_for_the_reruns_of_the_runs_that_end_degraded(make_lab):
+    """Issue 32: `nightlab wait --all` returned while the re-run of a degraded run it saw was queued."""
+    from labkit import nightlab
+    from nightlab.lab import Lab
+
+    with Lab.open(make_lab(slots=1)) as lab:
+        [first] = lab.submit("idea", start_controller=False)
+        db = lab.path / ".nightlab" / "ledger.db"
+        steps: list[str] = []
+
+        def controller() -> None:  # the controller's two steps, then the re-run's end
+            with Ledger(db) as other:
+                other.register_workers([("cpu-0", "cpu", "local", {})])
+                time.sleep(0.3)
+                other.finish_attempt(other.lease_next("cpu-0", "cpu").id, outcome="degraded")
+                time.sleep(0.5)
+                [again] = other.add_experiments([new(9, f"re-run of {first.id} (degraded)")])
+                other.log_event("rerun", again.id, of=first.id, worker="cpu-0")
+                time.sleep(0.5)
+                steps.append("re-run ends")
+                other.finish_attempt(
+                    other.lease_next("cpu-0", "cpu").id, outcome="ok", metrics={"val_bpb": 1.0}
+                )
+
+        thread = threading.Thread(target=controller)
+        thread.start()
+        try:
+            done = lab.wait(None, reruns=True, timeout=120)
+        finally:
+            thread.join()
+        assert steps == ["re-run ends"]
+        assert [(e.id, e.outcome) for e in done] == [(first.id, "degraded"), ("e0002", "ok")]
+        # the CLI waits so too, and lists the re-run after the run it saw
+        out = nightlab("wait", first.id, cwd=lab.path).stdout.splitlines()
+        assert [line.split()[:2] for line in out] == [[first.id, "degraded"], ["e0002", "ok"]]
