@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.errors import NightlabError, UsageError
+from nightlab.reruns import Reruns
 
 DEMO_DIR = Path("nightlab-demo")
 MARKER = "demo"  # a file in .nightlab/ that says the lab was made by `nightlab demo`
@@ -52,9 +53,6 @@ MAX_SETTLE_REPEATS = 6
 # the floor's degrees of freedom, 27.8 at 1 dof for a wave of 2 and 6.5 at 2 (search/decide.py).
 BASELINE_RUNS = 3
 MAX_BASELINE_RETRIES = 2  # rounds of extra baseline runs when some gave no result
-# The controller ends a degraded run, then queues its one re-run in a second step: how long the
-# demo waits for that step before it stops following the run.
-RERUN_DECISION_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -309,34 +307,6 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
             diff=found["diff"],
         )
         return _with_story(result, metric=metric)
-
-
-class Reruns:
-    """Follows the controller's second step after a degraded run: its one re-run, or none for a re-run."""
-
-    def __init__(self, ledger: Any) -> None:
-        self.ledger = ledger
-        self.after = 0  # the last event read
-        self.decided: dict[str, str | None] = {}  # degraded id -> its re-run's id (None: no re-run)
-
-    def of(self, finished: Sequence[Any], *, timeout: float = RERUN_DECISION_WAIT) -> list[str]:
-        """The re-runs queued for the degraded runs among `finished` that are not followed yet."""
-        pending = {e.id for e in finished if e.degraded and e.id not in self.decided}
-        wanted = set(pending)
-        deadline = time.time() + timeout
-        while pending:
-            while events := self.ledger.events(after=self.after, kinds=["rerun", "degraded-again"]):
-                for ev in events:
-                    self.after = ev.id
-                    if ev.kind == "rerun":
-                        self.decided[ev.data.get("of")] = ev.experiment_id
-                    else:
-                        self.decided[ev.experiment_id] = None
-            pending -= self.decided.keys()
-            if not pending or time.time() >= deadline:
-                break
-            time.sleep(0.2)
-        return [self.decided[i] for i in sorted(wanted - pending) if self.decided[i] is not None]
 
 
 def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bool) -> dict[str, Any]:
