@@ -607,7 +607,7 @@ def search(
 ) -> Trace:
     """Run one search of `strategy` on member `m` through `run_loop`; its path of true values."""
     strat = make_strategy(strategy, m.dims, seed=seed, **dict(options or {}))
-    settle = not strat.settles_in_next_wave  # as `nightlab search`: no settle round then
+    settle = not strat.settles_in_next_wave(workers)  # as `nightlab search`: no settle round then
     sim = (
         RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
         if rolling

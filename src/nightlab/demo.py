@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.errors import NightlabError, UsageError
+from nightlab.reruns import Reruns
 
 DEMO_DIR = Path("nightlab-demo")
 MARKER = "demo"  # a file in .nightlab/ that says the lab was made by `nightlab demo`

@@ -3,7 +3,7 @@
 A run whose machine starved or throttled it ends `degraded` (fleet/health.py) and says nothing
 about its idea; the controller then, in a second step after recording that end, queues its one
 re-run (event `rerun`, data `of`), or logs `degraded-again` when the run was itself a re-run.
-Whoever waits for a result must wait for that re-run too, or it stops at a run that was never
+Whoever waits for a result (`wait`, the demo, `nightlab search`) must wait for that re-run too, or it stops at a run that was never
 judged while the figure that counts is still queued.
 
 Usage:

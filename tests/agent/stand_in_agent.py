@@ -10,6 +10,7 @@ prints as it goes; the mode (argv[1]) picks its behaviour:
     context       print Claude Code's result event for a full context window, exit 1
     dup           submit the unchanged files twice; the second submit must be refused
     submit-hang   wait 2 s, submit one idea without printing anything, then hang
+    fail          exit 3 at once (an agent that keeps failing)
 
 What it saw is written to $STAND_IN_OUT: prompt-<session>.md (stdin) and, per mode, results.
 """
@@ -99,4 +100,6 @@ if mode == "submit-hang":
     time.sleep(2.0)
     submit_lr("0.02", quiet=True)  # silent: only the submission itself shows the agent is alive
     time.sleep(3600)
+if mode == "fail":
+    sys.exit(3)
 sys.exit(f"unknown mode {mode}")

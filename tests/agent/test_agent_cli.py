@@ -33,6 +33,15 @@ def test_run_in_the_foreground_until_a_limit(make_lab, seen):
     assert "experiments submitted: 1" in text and "max experiments 1" in text
 
 
+def test_an_agent_that_keeps_failing_fails_the_run(make_lab, seen):
+    lab = make_lab(slots=1)
+    proc = nightlab(
+        "agent", "run", "--agent", stand_in("fail"), "--max-restarts-per-hour", "1", cwd=lab, check=False
+    )
+    assert proc.returncode == 1 and proc.stdout == "max-restarts-per-hour\n"
+    assert "session 1 ended (exit 3); restarting in 1 s" in proc.stderr
+
+
 def test_background_status_and_stop(make_lab, seen):
     lab = make_lab(slots=1)
     assert "no agent supervisor has run" in nightlab("agent", "status", cwd=lab).stdout

@@ -18,16 +18,17 @@ from agent_support import seen_dir, stand_in
 from labkit import nightlab, wait_json
 from nightlab.agent.commands import BUILTIN_AGENTS, default_stall_seconds, resolve_agent
 from nightlab.agent.control import read_state
-from nightlab.agent.supervisor import Limits, Supervisor
+from nightlab.agent.supervisor import Limits, Supervisor, restart_delay
 from nightlab.config import AgentConfig, load_config
 from nightlab.errors import NightlabError, UsageError
+from nightlab.ledger import NewExperiment, open_ledger
 
 seen = pytest.fixture(seen_dir)
 
 
-def supervise(lab, mode: str, **limits) -> tuple[str, dict]:
+def supervise(lab, mode: str, *, pause=None, log=None, **limits) -> tuple[str, dict]:
     command = resolve_agent(stand_in(mode), AgentConfig())
-    reason = Supervisor(lab, command, Limits(**limits), term_grace=2.0).run()
+    reason = Supervisor(lab, command, Limits(**limits), term_grace=2.0, pause=pause, log=log).run()
     return reason, read_state(lab)
 
 
@@ -80,6 +81,74 @@ def test_restarts_a_stalled_agent_and_stops_at_the_restart_limit(make_lab, seen)
     assert "The previous session ended (stall)" in (seen / "prompt-2.md").read_text()
     for n in (1, 2):  # every stalled agent was killed, not left behind
         assert dead(json.loads((seen / f"env-{n}.json").read_text())["pid"])
+
+
+def test_a_failing_agent_is_restarted_with_a_growing_backoff(make_lab, seen):
+    lab = make_lab(slots=1)
+    waits: list[float] = []
+    said: list[str] = []
+    limits = {"restart_backoff": 100.0, "restart_backoff_max": 250.0, "max_restarts_per_hour": 3}
+    reason, state = supervise(lab, "fail", pause=waits.append, log=said.append, stall_seconds=30, **limits)
+    # before: 4 sessions within a second; now each restart waits twice as long, up to the cap
+    assert waits == [100.0, 200.0, 250.0]
+    assert reason == "max-restarts-per-hour" and [s["end"] for s in state["sessions"]] == ["exit 3"] * 4
+    assert "session 1 ended (exit 3); restarting in 100 s" in said
+    assert "session 4 ended (exit 3); not restarting" in said
+    assert [restart_delay(n, Limits()) for n in (1, 2, 3, 9, 10)] == [1.0, 2.0, 4.0, 256.0, 300.0]
+
+
+def test_a_stop_request_ends_the_backoff(make_lab, seen):
+    lab = make_lab(slots=1)
+    command = resolve_agent(stand_in("fail"), AgentConfig())
+    supervisor = Supervisor(lab, command, Limits(restart_backoff=3600.0, stall_seconds=30), term_grace=2.0)
+    result: list[str] = []
+    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while ((read_state(lab) or {}).get("restarts_total") or 0) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        supervisor.request_stop()
+        thread.join(60)
+    assert result == ["stopped"] and len(read_state(lab)["sessions"]) == 1
+
+
+def test_a_degraded_re_run_is_not_the_agents_submission(make_lab, seen):
+    lab = make_lab(slots=1)
+    said: list[tuple[float, str]] = []
+    queued: list[float] = []
+
+    def rerun_while_the_agent_hangs() -> None:
+        deadline = time.time() + 60
+        while not (seen / "env-1.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)
+        with open_ledger(lab) as ledger:  # what the controller queues for a degraded run
+            ledger.add_experiments(
+                [NewExperiment("0" * 40, "t", None, "re-run of e0001 (degraded)", "cpu", 0, rerun_of="e0001")]
+            )
+        queued.append(time.time())
+
+    thread = threading.Thread(target=rerun_while_the_agent_hangs)
+    thread.start()
+    try:
+        reason, state = supervise(
+            lab,
+            "hang",
+            pause=lambda s: None,
+            log=lambda line: said.append((time.time(), line)),
+            stall_seconds=3.0,
+            max_restarts_per_hour=1,
+        )
+    finally:
+        thread.join(60)
+    assert reason == "max-restarts-per-hour" and state["experiments_submitted"] == 0
+    # the re-run was no sign of life: the stall fired 3 s after the agent's last line, which is
+    # less than 3 s after the re-run (counted as activity, it fired 3 s after the re-run: ~5 s in)
+    [(stalled_at, line)] = [(t, m) for t, m in said if m.startswith("session 1 stalled")]
+    assert stalled_at < queued[0] + 3.0, line
+    assert [s["end"] for s in state["sessions"]] == ["stall", "stall"]
 
 
 def test_a_submission_counts_as_activity(make_lab, seen):

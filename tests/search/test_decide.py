@@ -22,6 +22,7 @@ from nightlab.search.decide import (
     pooled_sd,
     promote,
     repeats_needed,
+    runs_without_floor,
     spearman,
     t_quantile,
     verdict,
@@ -100,6 +101,11 @@ def test_no_noise_estimate_is_conservative() -> None:
     assert "nightlab noise" in d.reason
     assert d.se is None and d.repeats_to_settle is None
     assert verdict([1.1], [1.0], noise_sigma=None).verdict == "discard"
+
+
+def test_without_a_floor_the_runs_a_gain_needs_are_named() -> None:
+    assert runs_without_floor(1, 1) == Repeats(candidate=1, incumbent=2)
+    assert runs_without_floor(2, 4) == Repeats(candidate=0, incumbent=0)
 
 
 def test_cross_tier_comparison_refused() -> None:

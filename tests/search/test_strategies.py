@@ -177,12 +177,27 @@ def test_pattern_after_a_crash_goes_only_to_the_better_run_and_ignores_noise() -
     ]
 
 
+def test_pattern_with_one_slot_measures_a_new_point_each_wave() -> None:
+    # a wave of one run: its centre is the incumbent the run moved one knob from (before, the run
+    # was taken for the centre, no stencil was found, and the next wave proposed the same point)
+    incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
+    history: list[Observation] = []
+    seen: list[dict[str, str]] = []
+    for wave in range(4):
+        [point] = strategy.propose(incumbent, history, 1)
+        assert point not in seen, (wave, point)
+        seen.append(point)
+        history.append(Observation(f"e{wave}", point, bowl3(point), wave=wave))
+
+
 def test_pattern_carries_a_one_run_winner_into_its_next_wave() -> None:
     # a stencil point that wins on one run is within the noise (a keep needs two runs a side):
     # its two more runs go with the next wave instead of a settle round of their own
     incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
     strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
-    assert strategy.settles_in_next_wave
+    assert strategy.settles_in_next_wave(16) and not strategy.settles_in_next_wave(3)
     first = strategy.propose(incumbent, [], 16)
     history = [Observation(f"e{i}", r, bowl3(r), wave=0) for i, r in enumerate(first)]
     strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
@@ -213,7 +228,7 @@ def test_pattern_carries_a_one_run_winner_into_its_next_wave() -> None:
     # nor with carry=False (the loop settles then)
     plain = PatternStrategy(PATTERN_DIMS, step=0.25, carry=False)
     plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 3)
-    assert not plain.settles_in_next_wave and best not in plain.propose(incumbent, history, 16)
+    assert not plain.settles_in_next_wave(16) and best not in plain.propose(incumbent, history, 16)
 
 
 def test_pattern_explores_from_the_unsettled_best_when_its_centre_crashed() -> None:
@@ -576,7 +591,32 @@ def test_loop_all_crashed_wave_and_converged_stop() -> None:
         on_wave=lambda s: lines.append(s.line()),
     )
     assert result.stopped == "converged" and len(result.waves) == 2
-    assert lines[0] == "wave 1 w001: 0/4 runs, 4 crashed"
+    assert lines[0] == "w001 (search wave 1): 0/4 runs, 4 crashed"
+
+
+def test_loop_counts_degraded_runs_apart_and_keeps_them_from_the_strategy() -> None:
+    lab = FakeLab(bowl, {"LR": "0.01", "DEPTH": "8"}, 0.002)
+    measured = lab.wait
+
+    def starved_first(wave_id: str) -> list[Observation]:
+        # the first run starved: recorded without a value, and re-run once with the same knobs
+        first, *rest = measured(wave_id)
+        again = Observation(f"{first.id}r", first.knobs, first.value)
+        return [Observation(first.id, first.knobs, None, degraded=True), again, *rest]
+
+    lab.wait = starved_first
+    told: list[list[Observation]] = []
+
+    class Watched(PatternStrategy):
+        def tell(self, observations):
+            told.append(list(observations))
+
+    lines: list[str] = []
+    result = lab.loop(Watched(LOOP_DIMS), wave_size=4, waves=1, on_wave=lambda s: lines.append(s.line()))
+    [summary] = result.waves
+    assert (summary.proposed, summary.finished, summary.crashed, summary.degraded) == (4, 4, 0, 1)
+    assert "4/4 runs, 1 degraded (starved machine; re-run once)" in lines[0] and "crashed" not in lines[0]
+    assert not [o for batch in told for o in batch if o.degraded]  # before: a crash at those knobs
 
 
 def test_importing_search_loads_no_heavy_library() -> None:

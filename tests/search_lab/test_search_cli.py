@@ -29,7 +29,7 @@ def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
     proc = nightlab("search", "--strategy", "greedy", "--space", "LR=0.01,0.01001", "--waves", "1", cwd=lab)
     assert "no noise floor on tier cpu: running the incumbent 3 times alongside the first wave" in proc.stderr
     [line] = proc.stdout.splitlines()
-    assert line.startswith("wave 1 w002: 1/1 runs, best val_bpb") and line.endswith("within-noise")
+    assert line.startswith("w002 (search wave 1): 1/1 runs, best val_bpb") and line.endswith("within-noise")
     assert knob(lab, "LR") == "0.01"
     # settling the within-noise best would take 7 runs (the floor of 3 repeats has 2 dof: t 4.53),
     # more than one round of the tier: it is left to the user
@@ -46,8 +46,8 @@ def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
     runs = json.loads(nightlab("waves", "w003", "--json", cwd=lab).stdout)["experiments"]
     assert [e["seed"] for e in runs if e["source"] == "settle"] == [1]
     first, second = proc.stdout.splitlines()
-    assert first.startswith("wave 1 w003: 1/1 runs") and ", adopted e" in first
-    assert second.startswith("wave 2 w004: 1/1 runs") and "adopted" not in second
+    assert first.startswith("w003 (search wave 1): 1/1 runs") and ", adopted e" in first
+    assert second.startswith("w004 (search wave 2): 1/1 runs") and "adopted" not in second
     assert knob(lab, "LR") == "0.02"
     assert (
         "adopt"
@@ -56,7 +56,7 @@ def test_greedy_adopts_only_a_significant_winner_and_resumes(quick_lab):
     # the same command with a larger budget resumes: two waves judged, one more to run
     proc = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "3", cwd=lab)
     assert "resuming: 2 waves judged" in proc.stderr
-    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["wave 3 w005"]
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["w005 (search wave 3)"]
 
 
 def test_factorial_and_optuna_waves(quick_lab):
@@ -88,7 +88,7 @@ def test_factorial_and_optuna_waves(quick_lab):
         "search", "--strategy", "optuna", "--space", WIDE, "--waves", "1", "--wave-size", "2", cwd=lab
     )
     [line] = proc.stdout.splitlines()
-    assert line.startswith("wave 1 ") and "2/2 runs" in line
+    assert re.match(r"w\d{3} \(search wave 1\): 2/2 runs", line)
 
 
 def search_until_waiting(lab, strategy: str) -> tuple[subprocess.Popen, list[str]]:
@@ -148,7 +148,7 @@ def test_interrupted_search_resumes_its_wave(quick_lab, tmp_path):
     started = time.time()
     again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
     assert f"resuming: 0 waves judged, waiting for {wave.id}" in again.stderr
-    assert again.stdout.startswith(f"wave 1 {wave.id}: 1/1 runs") and "adopted" in again.stdout
+    assert again.stdout.startswith(f"{wave.id} (search wave 1): 1/1 runs") and "adopted" in again.stdout
     assert time.time() - started < 20
     with open_ledger(lab) as ledger:
         assert len(ledger.waves()) == 2  # the noise wave and the one search wave, nothing re-submitted
@@ -212,12 +212,12 @@ def test_the_noise_floor_runs_alongside_the_first_wave(quick_lab):
     assert "no noise floor on tier cpu: running the incumbent 3 times alongside the first wave" in proc.stderr
     assert "noise floor on cpu: 0.0" in proc.stderr
     # piped, the wait shows one line per change: runs done / running / queued, then the best so far
-    live = [line for line in proc.stderr.splitlines() if line.startswith("wave 1 w002: ")]
+    live = [line for line in proc.stderr.splitlines() if line.startswith("w002 (search wave 1): ")]
     assert len(live) >= 2 and len(set(live)) == len(live)
-    assert live[-1].startswith("wave 1 w002: 4 done, 0 running, 0 queued, best val_bpb ")
+    assert live[-1].startswith("w002 (search wave 1): 4 done, 0 running, 0 queued, best val_bpb ")
     # the 4 slots hold the 3 repeats and a first wave of 1 run, in one round (then the winner's
     # one settle repeat: a keep needs two runs)
-    assert proc.stdout.startswith("wave 1 w002: 1/1 runs")
+    assert proc.stdout.startswith("w002 (search wave 1): 1/1 runs")
     with open_ledger(lab) as ledger:
         floor, first = ledger.experiments(wave="w001"), ledger.experiments(wave="w002")
     assert len(floor) == 3 and [e.source for e in first] == ["search", "settle"]
@@ -235,7 +235,7 @@ def test_a_search_interrupted_with_the_noise_floor_in_flight_does_not_run_it_twi
     said = "".join(said) + rest
     # the floor in flight is waited for and reported, not submitted again
     assert "no noise floor" not in said and "noise floor on cpu: 0.0" in said
-    assert out.startswith("wave 1 w002: 1/1 runs")
+    assert out.startswith("w002 (search wave 1): 1/1 runs")
     with open_ledger(lab) as ledger:
         # the floor's 3, the wave's 1 and its settle repeat
         assert [len(ledger.experiments(wave=w.id)) for w in ledger.waves()] == [3, 2]
@@ -280,6 +280,12 @@ def test_a_within_noise_best_out_of_reach_says_why_it_is_not_settled(quick_lab):
         ]
         assert loop.settle(wave.id, "e0002", Decision("within-noise", 0.0, None, None, None, "?")) is False
         assert "no affordable number of repeats" in notes[-1]
+        # no noise floor (its runs failed): a gain is no longer left unsettled; the best gets the
+        # run a keep needs and the incumbent (one run, e0001's files) the two more of a floor
+        unfloored = Decision("within-noise", 0.3, None, None, None, "single run and no noise floor")
+        assert loop.settle(wave.id, "e0002", unfloored) is True
+        assert notes[-1] == f"{wave.id}: best e0002 is within the noise; 1 + 2 runs to settle it"
+        assert lab.judge().sigma("cpu") is not None
 
 
 def test_search_without_a_strategy_runs_pattern(quick_lab):
@@ -291,3 +297,73 @@ def test_search_without_a_strategy_runs_pattern(quick_lab):
     search = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["search"]
     assert search["key"]["strategy"] == "pattern"
     assert "[default: pattern]" in " ".join(nightlab("search", "--help", cwd=lab).stdout.split())
+
+
+def test_the_search_waits_for_the_re_run_of_a_degraded_run(quick_lab):
+    """A run that ends degraded is counted as degraded, not crashed, and the search waits for the
+    re-run the controller queues for it (before, it went on without it and judged nothing)."""
+    import threading
+    from dataclasses import replace
+
+    from nightlab import snapshots
+    from nightlab.lab import Lab
+    from nightlab.ledger import NewExperiment
+    from nightlab.research import SearchPlan, WaitProgress, _LabLoop
+
+    lab_dir = quick_lab(slots=1, sleep=0.05)
+    first = nightlab("submit", "-m", "idea", "--no-start", cwd=lab_dir).stdout.split()[0]
+    seen: list[WaitProgress] = []
+    with Lab.open(lab_dir) as lab:
+        ledger = lab.ledger
+        ledger.register_workers([("starved", "cpu", "local", {})])
+        ledger.finish_attempt(ledger.lease_next("starved", "cpu").id, outcome="degraded")
+        exp = ledger.get(first)
+
+        def controller() -> None:  # the second step, a moment after the degraded end
+            rerun = NewExperiment(
+                exp.snapshot,
+                exp.tree,
+                exp.parent,
+                f"re-run of {first} (degraded)",
+                "cpu",
+                exp.seed,
+                epoch=exp.epoch,
+                rerun_of=first,
+            )
+
+            def make_ref(experiments) -> None:
+                snapshots.set_ref(lab_dir, experiments[0].id, exp.snapshot)
+
+            with open_ledger(lab_dir) as own:  # its own connection, as the controller's process has
+                [again] = own.add_experiments([rerun], before_commit=make_ref)
+                own.log_event("rerun", again.id, of=first, worker="starved")
+
+        plan = SearchPlan("greedy", ("LR=0.01,0.02",), "cpu", None, 1, 1, 2)
+        loop = _LabLoop(lab, plan, [], poll=0.05, note=lambda _: None, progress=seen.append)
+        timer = threading.Timer(0.5, controller)
+        timer.start()
+        try:
+            ended = loop.wait_ids([first], "w001 (search wave 1)")
+        finally:
+            timer.join()
+    assert [(e.id, e.degraded, e.ok) for e in ended] == [(first, True, False), ("e0002", False, True)]
+    last = replace(seen[-1], elapsed=0.0)
+    assert (last.done, last.crashed, last.degraded) == (2, 0, 1)
+    assert last.line("val_bpb").startswith(
+        "w001 (search wave 1): 2 done, 0 running, 0 queued (1 degraded, re-run)"
+    )
+    assert not [p for p in seen if p.crashed]
+
+
+def test_one_slot_two_waves_make_two_new_runs(quick_lab):
+    # before: wave 2 proposed wave 1's point again, which was reused, so `--waves 2` made one run
+    lab = quick_lab(slots=1, sleep=0.05)
+    nightlab("noise", "--repeats", "3", "--wait", cwd=lab)
+    out = json.loads(nightlab("search", "--space", WIDE, "--waves", "2", "--json", cwd=lab).stdout)
+    points = []
+    for wave in out["waves"]:
+        runs = json.loads(nightlab("waves", wave["wave"], "--json", cwd=lab).stdout)["experiments"]
+        mine = [e["params"]["LR"] for e in runs if e["source"] == "search"]
+        assert len(mine) == 1, runs
+        points += mine
+    assert len(set(points)) == 2

@@ -8,8 +8,12 @@ no transcript output and no submission for `stall_seconds`. Then a new session s
 the state as it is now, so nothing the previous one learned is lost: it is in the ledger.
 
 Limits stop the whole run: `max_hours` of wall clock, `max_experiments` submitted during
-the run, `max_cost` USD of API cost reported by the agent CLI, and `max_restarts_per_hour`
-(an agent that dies at once, e.g. for want of a login, would otherwise restart forever). A
+the run (the controller's re-runs of degraded runs are not the agent's: they count neither
+here nor as activity), `max_cost` USD of API cost reported by the agent CLI, and
+`max_restarts_per_hour` (an agent that dies at once, e.g. for want of a login, would otherwise
+restart forever; `agent run` exits 1 then). Restarts back off: the n-th restart within the last
+hour waits `restart_backoff * 2**(n-1)` s, at most `restart_backoff_max` (1, 2, 4, ... s: a
+failing agent no longer burns its restarts in a second, a healthy one waits a moment). A
 built-in CLI that exits at start without writing a single transcript event (Claude Code as
 root without `IS_SANDBOX`, a missing login) stops the run at once with its one-line error
 (`failed-at-start`). Experiments already queued keep running in the fleet.
@@ -80,6 +84,8 @@ class Limits:
     max_cost: float | None = None  # USD of API cost over the run
     api_backoff: float = 30.0  # seconds before the first retry after an API failure, doubling
     api_backoff_max: float = 900.0
+    restart_backoff: float = 1.0  # seconds before the first restart in an hour, doubling per restart
+    restart_backoff_max: float = 300.0
 
 
 # ---------------------------------------------------------------------------- the supervisor
@@ -106,20 +112,24 @@ class Supervisor:
         poll: float | None = None,
         term_grace: float = TERM_GRACE,
         log: Callable[[str], None] | None = None,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         self.lab_dir = lab_dir.resolve()
         self.command = command
         self.limits = limits
         self.prices = prices or TokenPrices(*AgentConfig.token_prices)
-        # a tenth of the stall time: detection is late by at most 10 %
-        self.poll = poll if poll is not None else min(1.0, max(0.05, limits.stall_seconds / 10))
+        # at most a tenth of the stall time (and 1 s): detection is late by at most 10 %
+        self.poll = min(1.0 if poll is None else poll, max(0.05, limits.stall_seconds / 10))
         self.term_grace = term_grace
         self.log = log or (lambda message: None)
         self._stop = threading.Event()
+        # waits out a restart's backoff; a stop request ends it at once (tests pass a recorder)
+        self.pause = pause or self._stop.wait
         self.stopped_by: int | None = None  # the signal that asked the run to stop, if one did
         self.state: AgentRun | None = None  # the run's record as the ledger last returned it
         self._ledger = None  # the lab's ledger while `run` runs
         self._spent: tuple[int, int, int] | None = None  # the running session's tokens, as Codex counts them
+        self._last_end = ""  # why the last session ended, for the restart line
         self._rollout: Path | None = None
 
     def request_stop(self, signum: int | None = None, *_: object) -> None:
@@ -196,10 +206,10 @@ class Supervisor:
                     if stop is not None:
                         return self._finish(stop)
                     end = self._session(lab, reason)
+                    self._last_end = end.reason
                     if end.final:
                         return self._finish(end.reason)
                     reason = end.reason
-                    self.log(f"session {self.state.session} ended ({end.reason}); restarting")
             except BaseException:
                 self._finish("error")
                 raise
@@ -214,12 +224,19 @@ class Supervisor:
         return reason
 
     def _count_restart(self) -> str | None:
+        """Count a restart and wait out its backoff; the stop reason when it may not happen."""
         now = time.time()
         recent = [t for t in self.state.restarts if now - t < 3600]
         if len(recent) >= self.limits.max_restarts_per_hour:
+            self.log(f"session {self.state.session} ended ({self._last_end}); not restarting")
             return "max-restarts-per-hour"
+        delay = restart_delay(len(recent) + 1, self.limits)
+        if self.limits.max_hours is not None:  # no wait past the end of the run
+            delay = min(delay, max(0.0, self.state.started_at + self.limits.max_hours * 3600 - now))
+        self.log(f"session {self.state.session} ended ({self._last_end}); restarting in {delay:g} s")
         self._save(restarts=[*recent, now], add={"restarts_total": 1})
-        return None
+        self.pause(delay)
+        return self._limit_reached()
 
     def _limit_reached(self) -> str | None:
         if self._stop.is_set():
@@ -448,6 +465,9 @@ class Supervisor:
                     self._api_back()  # the model answered: the outage is over
             activity = max(activity, self.state.last_activity)  # a submission counts too
             if now - activity > self.limits.stall_seconds:
+                self.log(
+                    f"session {self.state.session} stalled: no output or submission for {now - activity:.1f} s"
+                )
                 return SessionEnd("stall", False, None)
             if now - written >= STATE_EVERY or self.state.last_activity < activity:
                 self._save(updated_at=now, last_activity=activity)
@@ -465,12 +485,13 @@ class Supervisor:
             cursor = events[-1].id
 
     def _count_submissions(self, lab) -> None:
-        """New `submit` events since the last look: each is one experiment and counts as activity."""
+        """New `submit` events since the last look: each is one experiment and counts as activity,
+        except the controller's re-run of a degraded run (`rerun_of`), which nobody submitted."""
         events = lab.ledger.events(after=self._cursor, limit=5000)
         if not events:
             return
         self._cursor = events[-1].id
-        submitted = sum(1 for e in events if e.kind == "submit")
+        submitted = sum(1 for e in events if e.kind == "submit" and not e.data.get("rerun_of"))
         if submitted:
             self._save(add={"experiments_submitted": submitted}, last_activity=time.time())
 
@@ -480,6 +501,11 @@ class Supervisor:
         Also after a normal exit: commands the agent left running in the background go too.
         """
         stop_group(proc, grace=self.term_grace)
+
+
+def restart_delay(n: int, limits: Limits) -> float:
+    """Seconds before the `n`-th restart within an hour: `restart_backoff` doubling, capped."""
+    return min(limits.restart_backoff_max, limits.restart_backoff * 2 ** (n - 1))
 
 
 def _tail(transcript: Path) -> str:

@@ -101,7 +101,8 @@ def run(
     supervisor = sup.Supervisor(path, command_, limits, prices=prices, log=say)
     reason = supervisor.run()
     click.echo(reason)
-    if reason == "failed-at-start":  # the one-line cause was logged; a script must see a failure
+    if reason in ("failed-at-start", "max-restarts-per-hour"):
+        # the agent could not start, or kept failing: the cause was logged; a script must see a failure
         raise SystemExit(1)
     import signal
 

@@ -191,6 +191,7 @@ def command(
                         "proposed": s.proposed,
                         "finished": s.finished,
                         "crashed": s.crashed,
+                        "degraded": s.degraded,
                         "best": None if s.best is None else {"id": s.best.id, metric: s.best.value},
                         "adopted": None if s.adopted is None else s.adopted.id,
                         "verdict": s.verdict,

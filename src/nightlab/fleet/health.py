@@ -487,6 +487,7 @@ class HealthWatch:
             params=dict(exp.params),
             source=exp.source,  # waves tell candidates, noise runs and re-measurements by source
             epoch=exp.epoch,
+            rerun_of=exp.id,
         )
 
         def make_ref(experiments: list[Any]) -> None:

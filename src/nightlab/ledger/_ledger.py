@@ -162,7 +162,8 @@ class Ledger(BaseLedger):
                         item.epoch,
                     ),
                 )
-                self._event(c, "submit", eid, tier=item.tier, seed=item.seed, wave=item.wave)
+                extra = {} if item.rerun_of is None else {"rerun_of": item.rerun_of}
+                self._event(c, "submit", eid, tier=item.tier, seed=item.seed, wave=item.wave, **extra)
                 ids.append(eid)
             rows = [c.execute("SELECT * FROM experiments WHERE id = ?", (i,)).fetchone() for i in ids]
             experiments = [_to_experiment(r) for r in rows]

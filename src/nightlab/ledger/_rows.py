@@ -322,6 +322,9 @@ class NewExperiment:
     params: dict[str, str] = field(default_factory=dict)
     source: str = "cli"
     epoch: str = ""
+    # the degraded experiment this one re-runs (the controller's re-run): its `submit` event says
+    # so in the same transaction, so a reader of events never counts it as someone's submission
+    rerun_of: str | None = None
 
 
 def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> Experiment:

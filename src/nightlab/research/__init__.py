@@ -13,12 +13,16 @@
   It costs a round per wave; in bench/search_sim.py it won some waves and lost others;
 - decide: `Judge.best_of_wave` on the validation tier, with that tier's noise floor and
   z corrected for the number of candidates; a `within-noise` best first gets the repeats that would
-  settle it (once per wave, when they fit in one round); only a `keep` is adopted;
+  settle it (once per wave, when they fit in one round; with no floor, the runs a keep needs and
+  those of a floor); only a `keep` is adopted;
+- every wait follows the re-run of each run that ends degraded (the controller queues it in the
+  same wave): a degraded run is counted apart from crashes and kept from the strategy;
 - adopt: `Lab.adopt` with the tier it was decided on; the judge (`Judge.adopted`) gives the
   winner's runs there the verdict `keep`.
 
 Before the first wave the noise floor of the validation tier is measured when there is none
-(`noise_repeats` runs of the incumbent): without it a single run cannot be judged.
+(`FLOOR_REPEATS` runs of the incumbent, alongside the first wave): without it a single run cannot
+be judged. When those runs fail, it is measured again alongside the next wave, until it is.
 
 Resuming: every wave the loop submits has a `SearchProgress` record in the ledger with the search's
 identity (strategy, spaces, tiers), its index, and once judged the verdict and the adopted run; each
@@ -82,8 +86,9 @@ def run_search(
         sampler: `tpe` or `gp` for the optuna strategy.
         settle: whether the best of a wave that is within the noise gets the repeats that would
             settle it, once per wave, when they fit in one round of the validation tier (at least 4).
-            `pattern` runs them with its next wave instead (`settles_in_next_wave`), without a
-            screening tier.
+            `pattern` runs them with its next wave instead (`settles_in_next_wave`: waves of 4 or
+            more), without a screening tier. With no noise floor, the best gets the runs a keep needs
+            and the incumbent those of a floor (`decide.runs_without_floor`).
         effects_step: after each factorial wave, also run the combination its significant main
             effects predict (one more round of up to 4 runs); see `_LabLoop.effects_step`.
         on_wave: called with each wave's `WaveSummary`.
@@ -121,7 +126,7 @@ def run_search(
         repeats=repeats,
         # pattern runs a within-noise best's repeats with its next wave: no round for them alone
         # (with a screening tier, promoted candidates get their repeats on the validation tier)
-        settle=settle and not (checked.settles_in_next_wave and screen_tier is None),
+        settle=settle and not (checked.settles_in_next_wave(size) and screen_tier is None),
         effects_step=effects_step,
     )
     loop = _LabLoop(lab, plan, dims, poll=poll, note=note, progress=progress)

@@ -15,7 +15,8 @@ from nightlab import identity
 from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, LedgerError
 from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Source, Verdict
-from nightlab.search.decide import FLOOR_REPEATS
+from nightlab.reruns import Reruns
+from nightlab.search.decide import FLOOR_REPEATS, runs_without_floor
 from nightlab.waves import (
     head_knobs,
     noise,
@@ -36,11 +37,12 @@ class WaitProgress:
     """Where the runs a search waits for stand (what `nightlab search` shows while it waits).
 
     Attributes:
-        label: what is waited for (`wave 1 w0002`, `settle e0007`, ...).
+        label: what is waited for (`w002 (search wave 1)`, `w003 settling e0007`, ...).
         done / running / queued: the runs finished (ok or not), running, and queued.
-        crashed: finished runs that gave no result.
+        crashed: finished runs that gave no result (degraded ones apart).
         elapsed: seconds since the wait began.
         best: (id, metric value) of the best ok run so far, or None.
+        degraded: finished runs the machine starved; each is re-run once, and waited for.
     """
 
     label: str
@@ -50,11 +52,15 @@ class WaitProgress:
     crashed: int
     elapsed: float
     best: tuple[str, float] | None
+    degraded: int = 0
 
     def line(self, metric: str) -> str:
         text = f"{self.label}: {self.done} done, {self.running} running, {self.queued} queued"
-        if self.crashed:
-            text += f" ({self.crashed} crashed)"
+        failed = [f"{self.crashed} crashed"] if self.crashed else []
+        if self.degraded:
+            failed.append(f"{self.degraded} degraded, re-run")
+        if failed:
+            text += f" ({', '.join(failed)})"
         if self.best is not None:
             text += f", best {metric} {self.best[1]:.6f} ({self.best[0]})"
         return text
@@ -120,6 +126,7 @@ class _LabLoop:
         self.names = [d.name for d in dims]
         self.floor_ids: list[str] = []  # the noise floor's runs, in flight with the first wave
         self.judge_ = lab.judge()
+        self.reruns = Reruns(lab.ledger)  # degraded runs followed to their one re-run
 
     # --- the ledger view of this search
 
@@ -135,7 +142,7 @@ class _LabLoop:
                 continue
             knobs = {k: v for k, v in params.items() if k in self.names}
             value = e.metric(self.metric) if e.ok else None
-            out.append(Observation(e.id, knobs, value, index, e.id == adopted))
+            out.append(Observation(e.id, knobs, value, index, e.id == adopted, degraded=e.degraded))
         return out
 
     def replay(self) -> tuple[list[Any], int, str | None]:
@@ -185,14 +192,15 @@ class _LabLoop:
 
     # --- the loop's callables
 
-    def start_noise_floor(self) -> int:
+    def start_noise_floor(self, wave: str = "the first wave") -> int:
         """Submit the incumbent's repeats when the tier has no noise floor, without waiting for them.
 
         They run alongside the first wave (which `wait` then waits for too), so the other workers
-        do not idle through a round of three runs. Returns how many are in flight.
+        do not idle through a round of three runs; when they all failed, again alongside the next
+        wave (`submit`). Returns how many are in flight.
         """
-        if self.judge_.sigma(self.plan.tier) is not None:
-            return 0
+        if self.floor_ids or self.judge_.sigma(self.plan.tier) is not None:
+            return len(self.floor_ids)
         tree, tier = self.lab.head_tree(), self.plan.tier
         # an interrupted search may have submitted them already
         pending = [
@@ -200,26 +208,47 @@ class _LabLoop:
         ]
         if not pending:
             n = FLOOR_REPEATS
-            self.note(
-                f"no noise floor on tier {tier}: running the incumbent {n} times alongside the first wave"
-            )
+            self.note(f"no noise floor on tier {tier}: running the incumbent {n} times alongside {wave}")
             pending = [e.id for e in noise(self.lab, repeats=n, tier=tier).experiments]
         self.floor_ids = pending
         return len(pending)
 
-    def report_noise_floor(self) -> None:
+    def report_noise_floor(self, runs: Sequence[Experiment]) -> None:
         sigma = self.judge_.sigma(self.plan.tier)
-        measured = "unmeasured (runs failed)" if sigma is None else f"{sigma:.6f}"
-        self.note(f"noise floor on {self.plan.tier}: {measured}")
+        if sigma is not None:
+            self.note(f"noise floor on {self.plan.tier}: {sigma:.6f}")
+            return
+        failed = [e for e in runs if not e.ok]
+        degraded = sum(1 for e in failed if e.degraded)
+        why = ", ".join(
+            f"{n} {w}" for n, w in ((degraded, "degraded"), (len(failed) - degraded, "failed")) if n
+        )
+        self.note(
+            f"noise floor on {self.plan.tier}: unmeasured (of the incumbent's {len(runs)} runs: "
+            f"{why or 'none failed'}); "
+            "measuring it again alongside the next wave"
+        )
 
     def wait_ids(self, ids: list[str], label: str) -> list[Experiment]:
+        """Wait for the runs `ids` and for the re-run of each that ends degraded: the search is
+        judged on the re-runs' results, and the fleet's slots hold them before the next wave."""
+        ids = list(ids)
+        started = time.time()
+        while True:
+            final = self._wait_once(ids, label, started)
+            more = self.reruns.of(final)
+            if not more:
+                return final
+            ids += more
+
+    def _wait_once(self, ids: list[str], label: str, started: float) -> list[Experiment]:
         if any(not e.status.is_finished() for e in self.lab.ledger.experiments(ids=ids, with_metrics=False)):
             from nightlab.fleet.daemon import ensure_running
 
             ensure_running(self.lab.path)  # a resumed search may find the controller gone idle
         if self.progress is None:
             return self.lab.wait(ids, poll=self.poll)
-        started, report = time.time(), self.progress
+        report = self.progress
         sign = 1 if self.lab.config.metric.lower_is_better else -1
 
         def tick(exps: list[Experiment]) -> None:
@@ -230,9 +259,14 @@ class _LabLoop:
                     done=sum(1 for e in exps if e.status.is_finished()),
                     running=sum(1 for e in exps if e.status == ExperimentStatus.RUNNING),
                     queued=sum(1 for e in exps if e.status == ExperimentStatus.QUEUED),
-                    crashed=sum(1 for e in exps if e.status == ExperimentStatus.FINISHED and not e.ok),
+                    crashed=sum(
+                        1
+                        for e in exps
+                        if e.status == ExperimentStatus.FINISHED and not e.ok and not e.degraded
+                    ),
                     elapsed=time.time() - started,
                     best=min(ok, key=lambda pair: sign * pair[1]) if ok else None,
+                    degraded=sum(1 for e in exps if e.degraded),
                 )
             )
 
@@ -242,6 +276,8 @@ class _LabLoop:
 
     def submit(self, proposals: list[dict[str, str]], index: int) -> str:
         plan = self.plan
+        if index > 0:  # the floor's runs failed before: measure it again alongside this wave
+            self.start_noise_floor(f"search wave {index + 1}")
         wave = submit_wave(
             self.lab,
             proposals,
@@ -259,10 +295,14 @@ class _LabLoop:
         members = self.lab.ledger.experiments(wave=wave_id, with_metrics=False)
         reused = [e.id for e, _ in wave_points(self.lab, wave) if e.wave != wave_id]
         index = self.state(wave_id).index
-        self.wait_ids([e.id for e in members] + reused + self.floor_ids, f"wave {index + 1} {wave_id}")
-        if self.floor_ids:
+        floor = list(self.floor_ids)
+        ended = self.wait_ids(
+            [e.id for e in members] + reused + floor, f"{wave_id} (search wave {index + 1})"
+        )
+        if floor:
             self.floor_ids = []
-            self.report_noise_floor()
+            head = self.lab.head_tree()  # the floor's runs and their re-runs
+            self.report_noise_floor([e for e in ended if e.tree == head and e.tier == self.plan.tier])
         if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
             self.effects_step(wave_id)
         if self.plan.screen_tier is not None:
@@ -364,10 +404,17 @@ class _LabLoop:
         cap = max(slots, 4)
         if self.state(wave_id).settled:
             return False
+        if needed is None and decision.se is None and decision.delta > 0:
+            # no noise floor (its runs failed): a gain of any size stays within the noise until
+            # the candidate has the runs a keep needs and the incumbent those of a floor
+            tree = lab.ledger.get(rep).tree
+            needed = runs_without_floor(
+                len(self.judge_.values(tree, plan.tier)), len(self.judge_.values(lab.head_tree(), plan.tier))
+            )
         if needed is None:
             self.note(
                 f"{wave_id}: best {rep} is within the noise and not settled: no affordable number of "
-                "repeats would make its gain significant (or the noise of the tier is unmeasured)"
+                "repeats would make its gain significant"
             )
             return False
         if needed.candidate + needed.incumbent > cap:

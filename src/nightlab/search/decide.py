@@ -72,6 +72,7 @@ __all__ = [
     "incumbent_is_stale",
     "promote",
     "repeats_needed",
+    "runs_without_floor",
     "spearman",
     "verdict",
 ]
@@ -282,6 +283,16 @@ def repeats_needed(
         if significant(max(n, n_c), max(n, n_i)):
             return Repeats(candidate=max(n - n_c, 0), incumbent=max(n - n_i, 0))
     return None
+
+
+def runs_without_floor(n_c: int, n_i: int) -> Repeats:
+    """The extra runs that let a gain be judged on a tier with no noise floor: the candidate to
+    `MIN_RUNS_TO_KEEP` (its own spread), the incumbent to `FLOOR_REPEATS` (which measure the floor).
+
+    `verdict` cannot say how many runs would settle such a gain (`repeats_to_settle` is None: there
+    is no noise to scale it by); these are the runs without which it can never be kept.
+    """
+    return Repeats(max(0, MIN_RUNS_TO_KEEP - n_c), max(0, FLOOR_REPEATS - n_i))
 
 
 def verdict(

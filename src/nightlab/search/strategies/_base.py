@@ -29,9 +29,11 @@ class Observation:
     Attributes:
         id: the experiment id.
         knobs: the searched knobs' source text in this run.
-        value: the metric; None for a crashed or invalid run.
+        value: the metric; None for a crashed, invalid or degraded run.
         wave: index of the wave the run belonged to (0-based, in search order).
         adopted: whether this run's knobs became the incumbent.
+        degraded: the machine starved the run (recorded, never judged, re-run once): it says
+            nothing about its knobs, so `run_loop` keeps it from the strategy.
     """
 
     id: str
@@ -39,6 +41,7 @@ class Observation:
     value: float | None
     wave: int = 0
     adopted: bool = False
+    degraded: bool = False
 
 
 def _key(knobs: Mapping[str, str], dims: Sequence[Dimension]) -> tuple:
@@ -80,10 +83,10 @@ class BaseStrategy(ABC):
         """The smallest wave `propose` can fill."""
         return 1
 
-    @property
-    def settles_in_next_wave(self) -> bool:
-        """Whether the strategy runs the repeats of a within-noise best in its next wave itself,
-        so the loop's settle round (a round for a few runs while the other workers wait) is skipped."""
+    def settles_in_next_wave(self, k: int) -> bool:
+        """Whether the strategy runs the repeats of a within-noise best in its next wave of `k`
+        proposals itself, so the loop's settle round (a round for a few runs while the other
+        workers wait) is skipped."""
         return False
 
     @abstractmethod

@@ -30,11 +30,16 @@ class WaveSummary:
     best: Observation | None
     adopted: Observation | None
     verdict: str | None
+    degraded: int = 0  # runs the machine starved: not crashes; the fleet re-runs each once
 
     def line(self, metric: str = "metric") -> str:
-        text = f"wave {self.index + 1} {self.wave_id}: {self.finished}/{self.proposed} runs"
+        # the ledger's wave id first: `nightlab waves w002` shows this wave, whatever its place in
+        # the search (the noise floor's wave may come before the first one)
+        text = f"{self.wave_id} (search wave {self.index + 1}): {self.finished}/{self.proposed} runs"
         if self.crashed:
             text += f", {self.crashed} crashed"
+        if self.degraded:
+            text += f", {self.degraded} degraded (starved machine; re-run once)"
         if self.best is not None and self.best.value is not None:
             text += f", best {metric} {self.best.value:.6f} ({self.best.id})"
         if self.adopted is not None:
@@ -88,7 +93,8 @@ def run_loop(
             round (the noise floor's repeats); `wave_size` when None, or when it is below
             `strategy.min_wave`.
         submit_wave: (proposals, wave index) -> wave id; runs the proposals on top of the incumbent.
-        wait_wave: wave id -> its finished runs as Observations (blocks until all finished).
+        wait_wave: wave id -> its finished runs as Observations (blocks until all finished);
+            degraded ones are counted in the summary and kept from the strategy.
         decide: (wave id, its observations) -> (the run to adopt or None, the verdict word of the
             wave's best run or None). This is where the incumbent's figure, the noise floor, the
             re-measurement of a stale incumbent and `decide.best_of_wave` come in.
@@ -139,7 +145,10 @@ def run_loop(
             pending, proposed = submit_wave(proposals, index), len(proposals)
         else:
             proposed = 0  # a resumed wave: its size is what comes back
-        observations = [replace(o, wave=index) for o in wait_wave(pending)]
+        returned = [replace(o, wave=index) for o in wait_wave(pending)]
+        # a degraded run says nothing about its knobs (its re-run, in the wave, does)
+        observations = [o for o in returned if not o.degraded]
+        degraded = len(returned) - len(observations)
         proposed = proposed or len(observations)
         strategy.tell(observations)
         winner, verdict = decide(pending, observations)
@@ -166,6 +175,7 @@ def run_loop(
             best=best,
             adopted=winner,
             verdict=verdict,
+            degraded=degraded,
         )
         summaries.append(summary)
         if on_wave is not None:

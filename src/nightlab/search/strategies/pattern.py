@@ -97,9 +97,10 @@ class PatternStrategy(_SteppedStrategy):
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
-    @property
-    def settles_in_next_wave(self) -> bool:
-        return self.carry
+    def settles_in_next_wave(self, k: int) -> bool:
+        # the carried best's two runs must fit beside the new centre's replicas: in a smaller
+        # wave they were cut off, and a within-noise best never got its repeat (issue 32)
+        return self.carry and k >= self.replicas + 2
 
     def observe_incumbent(self, knobs: Mapping[str, str], values: Sequence[float]) -> None:
         self._figures[_key(knobs, self.dims)] = list(values)
@@ -140,9 +141,11 @@ class PatternStrategy(_SteppedStrategy):
             )
             for d in self.dims
         }
-        if any(len(c) > 1 and c[0][1] == c[1][1] for c in counts.values()):
+        tie = any(len(c) > 1 and c[0][1] == c[1][1] for c in counts.values())
+        if tie or all(_key(o.knobs, self.dims) == _key(centre, self.dims) for o in runs):
             # a knob's centre value is not the most common one (one knob probed, the centre not run in
-            # the wave): the centre is the configuration every run differs from in exactly one knob
+            # the wave), or every run is the majority (a wave of one run): the centre is the
+            # configuration every run differs from in exactly one knob
             known = [*reversed(self._incumbents), *(o.knobs for o in history if o.wave < last)]
             centre = next(
                 (
@@ -260,7 +263,8 @@ class PatternStrategy(_SteppedStrategy):
         figure = self._values_at(_key(centre, self.dims), history)
         # the last wave's unsettled best: with `carry` the next wave explores from it, since the
         # incumbent's own stencil was measured already (it would only reuse those runs)
-        provisional = self._unsettled(incumbent, history, set()) if self.carry and self.explore else None
+        carry = self.settles_in_next_wave(k)
+        provisional = self._unsettled(incumbent, history, set()) if carry and self.explore else None
         if not figure:  # the centre crashed: a stencil around the best there is
             if provisional is None:
                 return self._stencil(incumbent, step, names)[:k]
@@ -278,6 +282,8 @@ class PatternStrategy(_SteppedStrategy):
         repeats = 2 if settling else max(self.replicas - have, 0)  # an unsettled best gets its runs
         if repeats == 1 and have:  # one more run would ask for seed 0 again, which is measured
             repeats = 2
+        if have and not carry:  # a wave too small for two more runs: the loop's settle round runs them
+            repeats = 0
         # Knobs the last stencil left out come first, then the ones with the most to gain.
         probed = {
             n
@@ -286,12 +292,14 @@ class PatternStrategy(_SteppedStrategy):
             >= (1 if isinstance(self._dim(n), Choice) else 2)
         }  # a range knob measured on one side only (the opening's `cover`) counts as left out
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
-        best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if self.carry else None
+        best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if carry else None
         carried = [] if best is None else [best, best]
         per_knob = max(1, (k - repeats - len(carried)) // 2)
         around = self._stencil(point, step, order[:per_knob])
         twice = {_key(c, self.dims) for c in carried}
         around = [p for p in around if _key(p, self.dims) not in twice]
+        if not carry:  # a wave of a run or two: a point measured already would only be reused
+            around = [p for p in around if not self._values_at(_key(p, self.dims), history)]
         return ([point] * repeats + carried + around)[:k]
 
     def _unsettled(
