@@ -173,7 +173,6 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
     from nightlab.harness.profiles import Profile
     from nightlab.lab import Lab
     from nightlab.report import write_report
-    from nightlab.reruns import Reruns
 
     with Lab(directory) as lab:
         profile = Profile.from_dict(lab.config.profile or {})
