@@ -12,6 +12,7 @@ import pytest
 os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0.05")
 
 from labkit import SYNTHETIC_TRAIN, commit, nightlab
+from services import pytest_configure, watchdog  # noqa: F401 (a stopped run leaves nothing behind)
 
 
 @pytest.fixture

@@ -89,9 +89,10 @@ class LoopbackNet:
     the CLIs in the namespace while the test itself stays outside.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog: Any = None) -> None:
         self.isolated = False
         self.reason = ""
+        self.watchdog = watchdog  # tests/services.py: ends what `agent_run` started if pytest dies
         self._jobs: queue.Queue = queue.Queue()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(ready,), name="loopback-net", daemon=True)
@@ -193,8 +194,11 @@ stream_idle_timeout_ms = 3000
 
 
 def agent_run(net: LoopbackNet, lab: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
-    """`nightlab agent run ARGS` started inside the loopback namespace (stdout/stderr piped)."""
-    return net.call(
+    """`nightlab agent run ARGS` started inside the loopback namespace (stdout/stderr piped).
+
+    Its process group is ended by the session's watchdog (tests/services.py) if pytest dies first.
+    """
+    proc = net.call(
         subprocess.Popen,
         [sys.executable, "-m", "nightlab", "agent", "run", *args],
         cwd=lab,
@@ -205,6 +209,9 @@ def agent_run(net: LoopbackNet, lab: Path, env: dict[str, str], *args: str) -> s
         text=True,
         start_new_session=True,
     )
+    if net.watchdog is not None:
+        net.watchdog.guard(proc.pid, group=True)
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:

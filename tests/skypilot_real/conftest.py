@@ -6,7 +6,8 @@ install` the pinned `skypilot[slurm]` extra). Elsewhere the tests skip only when
 lacks something the fixture cannot install itself, with a one-line reason naming it
 (`localsky.missing`); a cluster that fails to start fails them there too. Everything the
 fixture starts is stopped by PID at the end of the session, also after a failed test or a
-failed start.
+failed start, and when the run is stopped: SIGTERM runs the finalizer like Ctrl-C, and if pytest
+dies without it (SIGKILL) the session's watchdog reaps the run (tests/services.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from localsky import LocalSky, missing  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def local_sky():
+def local_sky(watchdog):
     """A running LocalSky: `local_sky.environ()` is the environment to run nightlab and sky in."""
     lacking = missing()
     if lacking is not None:
@@ -31,7 +32,7 @@ def local_sky():
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    local = LocalSky()
+    local = LocalSky(watchdog=watchdog)
     try:
         local.up()
     except Exception as e:
