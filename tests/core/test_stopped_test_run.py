@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from labkit import wait_until
 
 TESTS = Path(__file__).resolve().parents[1]
 
-INNER = '''
+INNER = """
 import os, subprocess, sys, time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def server(watchdog):
 def test_serves(server, watchdog):
     Path(os.environ["PIDS"]).write_text(f"{server.pid} {watchdog.proc.pid}")
     time.sleep(600)
-'''
+"""
 
 
 def alive(pid: int) -> bool:
