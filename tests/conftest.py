@@ -12,7 +12,17 @@ import pytest
 os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0.05")
 
 from labkit import SYNTHETIC_TRAIN, commit, nightlab
-from services import pytest_configure, watchdog  # noqa: F401 (a stopped run leaves nothing behind)
+
+# Nothing skipped silently (needs.py) and a stopped run leaves nothing behind (services.py).
+from needs import pytest_collection_modifyitems, pytest_runtest_setup  # noqa: F401
+from needs import pytest_configure as _needs_configure
+from services import pytest_configure as _services_configure
+from services import watchdog  # noqa: F401
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _needs_configure(config)
+    _services_configure(config)
 
 
 @pytest.fixture
