@@ -136,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)  # after `-k` / `-m` deselected what will not run anyway
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     for item in items:
         item.stash[_KEY] = needs_of(item)
