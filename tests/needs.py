@@ -88,7 +88,7 @@ def cuda() -> str | None:
 NEEDS = (
     Need("bubblewrap", "sandbox and red-team tests", bubblewrap, marker="sandbox"),
     Need("chromium", "real-browser dashboard tests", chromium, fixtures=("browser_page",)),
-    Need("Slurm/munge/sshd", "real SkyPilot-on-Slurm tests", local_slurm, fixtures=("local_sky",)),
+    Need("Slurm/munge/sshd (as root)", "real SkyPilot-on-Slurm tests", local_slurm, fixtures=("local_sky",)),
     Need("npm", "real agent CLI tests", agent_clis, fixtures=("bins",)),
     Need("CUDA GPU", "GPU tests", cuda, marker="gpu", in_ci=False),
 )
