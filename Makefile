@@ -27,7 +27,10 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
+# .ci/install-test-deps installs the Debian packages the tests need when run as root; the run then
+# says, before the first test, what is still missing and what it costs (tests/needs.py).
 test: $(STAMP) lint
+	bash .ci/install-test-deps
 	$(BIN)/python -m pytest -q --durations=25
 
 clean:

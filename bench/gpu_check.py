@@ -103,10 +103,8 @@ def _norm(name: str) -> str:
 
 def project_pins() -> dict[str, str]:
     """pyproject.toml's requirement for each distribution (main and dev dependencies), by name."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     specs = list(project["dependencies"]) + [
         s for group in project["optional-dependencies"].values() for s in group
@@ -566,14 +564,15 @@ def protected_run(check: Check, args: argparse.Namespace, *, goals: bool) -> dic
     """Issue 13: the lab's train.py as the fleet runs it (supervisor, sandbox, hand-in, scorer)."""
     import shutil
 
+    from nightlab.harness.attempt import ISOLATED
+
     lab = Path(args.lab)
     run = lab / ".nightlab" / "runs" / "e0001" / "attempt-1"
     shutil.rmtree(run, ignore_errors=True)
     (run / "work").mkdir(parents=True)
     for name in ("train.py", "nightlab.toml"):
         shutil.copy(lab / name, run / "work" / name)
-    isolated = ["-P"] if sys.version_info >= (3, 11) else ["-I"]  # nightlab.harness.attempt.ISOLATED
-    cmd = [sys.executable, *isolated, "-m", "nightlab.harness.attempt", "--run-dir", str(run), "--lab", str(lab),
+    cmd = [sys.executable, *ISOLATED, "-m", "nightlab.harness.attempt", "--run-dir", str(run), "--lab", str(lab),
            "--", f"{sys.executable} train.py"]  # fmt: skip
     start = time.monotonic()
     rc, output = check.run("protected", cmd, cwd=run / "work", env={**os.environ, "NIGHTLAB_SEED": "0"})

@@ -161,6 +161,7 @@ def make_lab(root: Path, name: str, *, slots: int, seed: int, run: float, fast_s
         "sh train.sh",
         "--cpu-slots",
         str(slots),
+        "--oversubscribe",  # the slots stand in for GPUs and sleep: more of them than cores is the point
         "--timeout",
         "60",
         cwd=root,
@@ -170,8 +171,6 @@ def make_lab(root: Path, name: str, *, slots: int, seed: int, run: float, fast_s
     # The winner's own run is the new incumbent's figure; re-measuring it every few waves would
     # add a 17th run to a 16-slot wave and double its time.
     text = text.replace("incumbent_max_age_waves = 3", "incumbent_max_age_waves = 1000")
-    # the slots stand in for GPUs and sleep: more of them than cores is the point here
-    text = text.replace("[fleet]\n", "[fleet]\noversubscribe = true\n", 1)
     if fast_slots:
         pool = f'[[fleet.pool]]\nbackend = "local"\ntier = "fast"\nslots = {fast_slots}\n\n'
         text = text.replace("[search]", pool + "[search]")

@@ -13,6 +13,17 @@ os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0.05")
 
 from labkit import SYNTHETIC_TRAIN, commit, nightlab
 
+# Nothing skipped silently (needs.py) and a stopped run leaves nothing behind (services.py).
+from needs import pytest_collection_modifyitems, pytest_runtest_setup  # noqa: F401
+from needs import pytest_configure as _needs_configure
+from services import pytest_configure as _services_configure
+from services import watchdog  # noqa: F401
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _needs_configure(config)
+    _services_configure(config)
+
 
 @pytest.fixture
 def target_repo(tmp_path: Path) -> Path:
@@ -40,14 +51,16 @@ def make_lab(tmp_path: Path, target_repo: Path):
         args = ["init", str(lab), "--target", str(target_repo), "--cpu-slots", str(slots)]
         if timeout is not None:
             args += ["--timeout", str(timeout)]
+        crowded = slots > len(os.sched_getaffinity(0))
+        if crowded:  # the synthetic target sleeps: more slots than cores cost nothing here
+            args.append("--oversubscribe")
         nightlab(*args, cwd=tmp_path)
         toml = lab / "nightlab.toml"
         text = toml.read_text().replace("idle_shutdown = 900", f"idle_shutdown = {idle_shutdown}")
         if retries is not None:
             text = text.replace("retries = 2", f"retries = {retries}")
         text = text.replace("[search]", extra_pools + "\n[search]") if extra_pools else text
-        if extra_pools or slots > len(os.sched_getaffinity(0)):
-            # the synthetic target sleeps: more slots than cores cost nothing here
+        if extra_pools and not crowded:  # the extra pools' local slots sleep too
             text = text.replace("[fleet]\n", "[fleet]\noversubscribe = true\n")
         toml.write_text(text)
         commit(lab, "test config")

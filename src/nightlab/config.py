@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import math
 import re
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nightlab.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 CONFIG_NAME = "nightlab.toml"
 _SUMMARY_KEY = re.compile(r"[A-Za-z_][\w.\-]*")  # what fleet.runner reads as a summary key

@@ -89,6 +89,7 @@ class DemoResult:
     z: float | None = None  # the winner's gain over the standard error of the difference
     z_needed: float | None = None  # what the verdict rule asked of a wave this size (its t threshold)
     diff: str = ""  # the adopted change, as `git diff`
+    unsandboxed: str | None = None  # why runs went without the sandbox, with the fix (None: sandboxed)
     story: list[str] = field(default_factory=list)  # the lines printed at the end
 
 
@@ -136,9 +137,14 @@ def run_demo(
     (directory / ".nightlab" / MARKER).write_text("made by nightlab demo; the next demo replaces this lab\n")
     _carry_over(directory)
     say(f"      the question: {QUESTION}")
+    from nightlab.harness.sandbox import available
+
+    unsandboxed = available()
+    if unsandboxed is not None:  # said before the first run, and again in the story
+        say(f"      runs will be unsandboxed: {unsandboxed}")
 
     try:
-        return _run(directory, spaces=spaces, say=say, started=started)
+        return _run(directory, spaces=spaces, say=say, started=started, unsandboxed=unsandboxed)
     finally:
         # the demo leaves no fleet behind, also when interrupted (running runs are requeued)
         from nightlab.fleet import daemon
@@ -164,7 +170,9 @@ def _carry_over(directory: Path) -> None:
     )
 
 
-def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> DemoResult:
+def _run(
+    directory: Path, *, spaces: Sequence[str], say, started: float, unsandboxed: str | None
+) -> DemoResult:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -305,6 +313,7 @@ def _run(directory: Path, *, spaces: Sequence[str], say, started: float) -> Demo
             z=found["z"],
             z_needed=found["z_needed"],
             diff=found["diff"],
+            unsandboxed=unsandboxed,
         )
         return _with_story(result, metric=metric)
 
@@ -416,6 +425,11 @@ def _with_story(result: DemoResult, *, metric: str) -> DemoResult:
         ]
     else:
         lines.append("what was adopted: nothing: no variant beat the noise, the baseline stays")
+    if result.unsandboxed is not None:
+        lines.append(
+            f"how it was protected: not at all: runs were unsandboxed ({result.unsandboxed}); "
+            "a run could have read the validation data"
+        )
     png = result.lab / "progress.png"
     lines += [
         "where to look next:",

@@ -102,13 +102,13 @@ def _check_git(lab: Path) -> list[Check]:
 
 def _check_python() -> list[Check]:
     v = sys.version_info
-    ok = v >= (3, 10)
+    ok = v >= (3, 11)
     return [
         Check(
             "python",
             ok,
             f"{sys.executable} {v.major}.{v.minor}.{v.micro}",
-            None if ok else "install Python 3.10 or newer",
+            None if ok else "install Python 3.11 or newer",
         )
     ]
 

@@ -38,6 +38,7 @@ class InitOptions:
     profile: str | None = None
     budget: float | None = None
     dataset: str | None = None
+    oversubscribe: bool = False  # accept CPU slots whose threads exceed the usable cores
 
 
 def _toml_str(value: str) -> str:
@@ -55,6 +56,7 @@ def _render_config(
     tier: str,
     pool_lines: list[str],
     profile: dict[str, Any] | None,
+    oversubscribe: bool = False,
 ) -> str:
     lines = [
         "# nightlab lab configuration. See the README, section 'Configuration'.",
@@ -71,6 +73,7 @@ def _render_config(
         "",
         "[fleet]",
         f"default_tier = {_toml_str(tier)}",
+        *(["oversubscribe = true"] if oversubscribe else []),
         "idle_shutdown = 900  # the controller exits after this many idle seconds",
         "retries = 2  # extra attempts after an infrastructure failure",
         "",
@@ -114,7 +117,8 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
     """Create a lab in `directory` (new or empty) and return its absolute path.
 
     Raises:
-        UsageError: the directory is not empty, the target is missing, or flags conflict.
+        UsageError: the directory is not empty, the target is missing, flags conflict, or the CPU
+            slots oversubscribe this machine (`fleet/capacity.py`) without `oversubscribe`.
     """
     directory = directory.resolve()
     if directory.exists() and any(directory.iterdir()):
@@ -171,7 +175,13 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
         tier=tier,
         pool_lines=pool,
         profile=profile_dict,
+        oversubscribe=options.oversubscribe,
     )
+    from nightlab.config import parse_config, tomllib
+    from nightlab.fleet.capacity import check_capacity
+
+    config = parse_config(tomllib.loads(config_text))  # a bug in rendering must not leave a broken lab
+    check_capacity(config, init=True)  # the rule `submit` applies, said before anything is written
 
     staging = directory.parent / f".{directory.name}.nightlab-init-{os.getpid()}"
     try:
@@ -181,9 +191,6 @@ def init_lab(directory: Path, options: InitOptions) -> Path:
         else:
             shutil.copytree(options.target.resolve(), staging, ignore=_COPY_IGNORE)
         (staging / CONFIG_NAME).write_text(config_text)
-        from nightlab.config import parse_config, tomllib
-
-        config = parse_config(tomllib.loads(config_text))  # a bug in rendering must not leave a broken lab
         from nightlab.agent.instructions import write_agent_files
 
         write_agent_files(staging, config)  # program.md (or program.nightlab.md) and the SKILL.md

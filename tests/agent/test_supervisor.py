@@ -77,7 +77,7 @@ def test_restarts_a_stalled_agent_and_stops_at_the_restart_limit(make_lab, seen)
     reason, state = supervise(lab, "hang", stall_seconds=1.0, max_restarts_per_hour=1)
     assert reason == "max-restarts-per-hour"
     assert [s["end"] for s in state["sessions"]] == ["stall", "stall"]
-    assert time.time() - start < 15
+    assert time.time() - start < 120  # two 1 s stalls, not the 30 min default (loose: a busy box is slow)
     assert "The previous session ended (stall)" in (seen / "prompt-2.md").read_text()
     for n in (1, 2):  # every stalled agent was killed, not left behind
         assert dead(json.loads((seen / f"env-{n}.json").read_text())["pid"])
@@ -180,7 +180,7 @@ def test_stops_at_max_hours_and_kills_a_busy_agent(make_lab, seen):
     start = time.time()
     reason, state = supervise(lab, "chatty", max_hours=1.5 / 3600, stall_seconds=1.0)
     assert reason == "max-hours"
-    assert 1.4 < time.time() - start < 10
+    assert 1.4 < time.time() - start < 120  # ended by the 1.5 s cap (loose above: a busy box is slow)
     assert [s["end"] for s in state["sessions"]] == ["max-hours"]  # output kept it from stalling
     assert dead(json.loads((seen / "env-1.json").read_text())["pid"])
 

@@ -12,7 +12,7 @@ def bins():
 
 
 @pytest.fixture(scope="session")
-def net():
-    loopback = LoopbackNet()
+def net(watchdog):
+    loopback = LoopbackNet(watchdog)
     yield loopback
     loopback.close()

@@ -4,7 +4,8 @@
   installed by `npm install` into a cache outside the repository
   (`$NIGHTLAB_AGENT_CLI_CACHE`, default `~/.cache/nightlab-agent-clis/<package>-<version>`)
   when missing, under a lock so parallel runs install once. ~15 s each, ~400 MB each.
-  Without npm the tests are skipped with the command that installs it (.ci/run installs it).
+  Without npm the tests are skipped with the command that installs it (tests/needs.py; `.ci/
+  install-test-deps` installs it).
 - `LoopbackNet`: a thread living in a new network namespace where only `lo` is up. The
   scripted server's socket is bound there and `nightlab agent run` is started from there, so
   the CLIs (and everything they start) can reach the server and nothing else: a new
@@ -30,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 PINNED = {"claude": ("@anthropic-ai/claude-code", "2.1.332"), "codex": ("@openai/codex", "0.171.0")}
 CLONE_NEWNET = 0x40000000
 
@@ -46,18 +45,29 @@ def cache_root() -> Path:
 CLIS = ("claude", "codex")  # the agent CLIs tested for real, as `--agent` names them
 
 
+def cli_binary(name: str) -> Path:
+    """Where the pinned CLI `name` is (or will be) installed."""
+    _, version = PINNED[name]
+    return cache_root() / f"{name}-{version}" / "node_modules" / ".bin" / name
+
+
+def cli_installed(name: str) -> bool:
+    return cli_binary(name).exists()
+
+
 def install_cli(name: str) -> Path:
-    """The `bin` directory of the pinned CLI `name`, installed with npm first if missing."""
+    """The `bin` directory of the pinned CLI `name`, installed with npm first if missing.
+
+    Tests get here only when npm is on PATH or the CLIs are installed (tests/needs.py).
+    """
     package, version = PINNED[name]
-    prefix = cache_root() / f"{name}-{version}"
-    binary = prefix / "node_modules" / ".bin" / name
+    binary = cli_binary(name)
+    prefix = binary.parents[2]
     if binary.exists():
         return binary.parent
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip(
-            "npm not found: install Node.js 20+ and npm (`apt-get install nodejs npm`) to run tests/agent_real"
-        )
+        raise RuntimeError("npm not found: `apt-get install nodejs npm`")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     with open(prefix.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -89,9 +99,10 @@ class LoopbackNet:
     the CLIs in the namespace while the test itself stays outside.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog: Any = None) -> None:
         self.isolated = False
         self.reason = ""
+        self.watchdog = watchdog  # tests/services.py: ends what `agent_run` started if pytest dies
         self._jobs: queue.Queue = queue.Queue()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(ready,), name="loopback-net", daemon=True)
@@ -193,8 +204,11 @@ stream_idle_timeout_ms = 3000
 
 
 def agent_run(net: LoopbackNet, lab: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
-    """`nightlab agent run ARGS` started inside the loopback namespace (stdout/stderr piped)."""
-    return net.call(
+    """`nightlab agent run ARGS` started inside the loopback namespace (stdout/stderr piped).
+
+    Its process group is ended by the session's watchdog (tests/services.py) if pytest dies first.
+    """
+    proc = net.call(
         subprocess.Popen,
         [sys.executable, "-m", "nightlab", "agent", "run", *args],
         cwd=lab,
@@ -205,6 +219,9 @@ def agent_run(net: LoopbackNet, lab: Path, env: dict[str, str], *args: str) -> s
         text=True,
         start_new_session=True,
     )
+    if net.watchdog is not None:
+        net.watchdog.guard(proc.pid, group=True)
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:

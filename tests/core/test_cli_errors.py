@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,22 @@ def test_init_refuses_a_non_empty_directory_and_a_missing_target(tmp_path, targe
     assert proc.returncode == 2 and "not empty" in one_error_line(proc)
     proc = nightlab("init", "new", "--target", str(tmp_path / "nope"), cwd=tmp_path, check=False)
     assert proc.returncode == 2 and not (tmp_path / "new").exists()
+
+
+def test_init_refuses_cpu_slots_that_submit_would_refuse(tmp_path, target_repo):
+    cores = len(os.sched_getaffinity(0))
+    args = ("init", "lab", "--target", str(target_repo), "--cpu-slots", str(cores + 2))
+    proc = nightlab(*args, cwd=tmp_path, check=False)
+    line = one_error_line(proc)
+    assert proc.returncode == 2 and f"ask for {cores + 2} threads" in line
+    assert f"pass `--cpu-slots {cores}` or fewer" in line and "`--oversubscribe`" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]  # nothing written
+    nightlab(*args, "--oversubscribe", cwd=tmp_path)
+    lab = tmp_path / "lab"
+    try:  # accepted at init, so the fleet submit starts accepts it too
+        nightlab("fleet", "start", cwd=lab)
+    finally:
+        nightlab("fleet", "stop", cwd=lab, check=False)
 
 
 def test_a_snapshot_that_cannot_be_materialised(make_lab):

@@ -123,13 +123,7 @@ def test_model_compile_failure_falls_back_to_eager():
     assert accel.maybe_compile_model(model, probe) == (model, False)  # compile off: the probe is not run
 
 
-cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_check.sh runs these)"
-)
-
-
-@pytest.mark.gpu
-@cuda
+@pytest.mark.gpu  # skipped without a CUDA GPU, said before the first test (tests/needs.py)
 def test_cuda_detection_and_attention_backends_agree():
     accel = detect()
     major, _ = torch.cuda.get_device_capability()
@@ -144,8 +138,7 @@ def test_cuda_detection_and_attention_backends_agree():
         torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.gpu
-@cuda
+@pytest.mark.gpu  # skipped without a CUDA GPU, said before the first test (tests/needs.py)
 def test_cuda_model_compile_and_peak_memory():
     accel = detect(compile="on")
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()

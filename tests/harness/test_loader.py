@@ -183,8 +183,7 @@ def test_producer_errors_reach_the_consumer(cpu_data: Path, monkeypatch: pytest.
         next(train_batches(cpu_data, 4, 256, "cpu"))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # skipped without a CUDA GPU, said before the first test (tests/needs.py)
 def test_cuda_batches_match_cpu(cpu_data: Path):
     gpu = train_batches(cpu_data, 8, 256, "cuda", seed=5)
     cpu = train_batches(cpu_data, 8, 256, "cpu", seed=5)

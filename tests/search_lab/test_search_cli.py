@@ -149,7 +149,7 @@ def test_interrupted_search_resumes_its_wave(quick_lab, tmp_path):
     again = nightlab("search", "--strategy", "greedy", "--space", WIDE, "--waves", "1", cwd=lab)
     assert f"resuming: 0 waves judged, waiting for {wave.id}" in again.stderr
     assert again.stdout.startswith(f"{wave.id} (search wave 1): 1/1 runs") and "adopted" in again.stdout
-    assert time.time() - started < 20
+    assert time.time() - started < 120  # one 0.5 s wave, not a re-run of the search (loose: busy box)
     with open_ledger(lab) as ledger:
         assert len(ledger.waves()) == 2  # the noise wave and the one search wave, nothing re-submitted
 

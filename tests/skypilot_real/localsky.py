@@ -30,7 +30,8 @@ Measured on the shared 2-core machine (2026-12-01, load average 12-18 from other
 runs): `up()` 96-103 s, most of it `sky check slurm`; the wheelhouse 61 s once.
 
 Usage: `python tests/skypilot_real/localsky.py` brings it up, prints the environment to
-use (`HOME`, `SKYPILOT_API_SERVER_LOCAL_PORT`, `SLURM_CONF`) and waits for Ctrl-C.
+use (`HOME`, `SKYPILOT_API_SERVER_LOCAL_PORT`, `SLURM_CONF`) and waits for Ctrl-C;
+`python tests/skypilot_real/localsky.py --reap` stops what runs whose owner died left behind.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -354,10 +356,16 @@ class LocalSky:
     Args:
         cpus: the CPUs slurm.conf declares for the node (SkyPilot asks for some per cluster;
             more than the machine has is fine, as jobs here are sleeps and tiny scripts).
+        watchdog: tests/services.py's `Watchdog`: if this process dies before `down()`, it reaps
+            the run (`python localsky.py --reap`: jobs, job steps, sshd sessions) and ends every
+            process `_start` started.
     """
 
-    def __init__(self, *, cpus: int = 16) -> None:
+    def __init__(self, *, cpus: int = 16, watchdog: Any = None) -> None:
         self.cpus = cpus
+        self.watchdog = watchdog
+        if watchdog is not None:
+            watchdog.on_death([sys.executable, str(Path(__file__).resolve()), "--reap"])
         self.root: Path | None = None
         self.pids: dict[str, int] = {}
         self.procs: dict[str, subprocess.Popen] = {}
@@ -399,6 +407,8 @@ class LocalSky:
         self.procs[name] = proc
         self.pids[name] = proc.pid
         self._record()
+        if self.watchdog is not None:
+            self.watchdog.guard(proc.pid, group=session)
         return proc
 
     def _check_alive(self, name: str) -> bool:
@@ -679,6 +689,8 @@ slurm:
                 stop_pid(proc.pid, group=name == "api-server")
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(5)
+            if proc is not None and self.watchdog is not None:
+                self.watchdog.release(proc.pid)
         for pid in children:
             if _alive(pid):
                 stop_pid(pid, grace=2)
@@ -705,6 +717,9 @@ slurm:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--reap"]:  # the watchdog's command when the test session died
+        reap_stale_runs()
+        sys.exit(0)
     local = LocalSky().up()
     try:
         print(f"up in {local.startup_seconds:.1f} s; run directory {local.root}")

@@ -5,22 +5,22 @@ checks that the leaderboard and the progress chart render and that the chart's h
 a description, that the page updates without a reload, follows a leaderboard link to an
 experiment page, and saves screenshots under the test's temporary directory.
 
-Needs `/usr/bin/chromium` (`apt-get install chromium`); never `playwright install`. Without
-it the test is skipped, except under CI (CI set), where a missing browser is a failure.
+Needs Debian's `chromium` on PATH (`apt-get install chromium`); never `playwright install`. Without
+it the run says so before the first test and the test is skipped, except under CI (CI set),
+where a missing browser is a failure (tests/needs.py, tested in tests/core/test_needs.py).
 Run: .venv/bin/python -m pytest -q tests/web/test_browser.py
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+from needs import chromium_path
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -30,15 +30,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-sync",
 ]
-
-
-def _require_chromium() -> None:
-    if CHROMIUM.exists():
-        return
-    why = f"{CHROMIUM} is missing: apt-get install -y chromium"
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI is set: the browser test must run, not skip)")
-    pytest.skip(why)
 
 
 @pytest.fixture
@@ -66,11 +57,10 @@ def server(night_lab):
 
 @pytest.fixture
 def browser_page():
-    _require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
         # bypass_csp: the page's CSP would also stop injected scripts, and this test must show
         # that escaping alone keeps them inert (test_xss checks the CSP header itself)
         page = browser.new_page(viewport={"width": 1280, "height": 900}, bypass_csp=True)
@@ -169,15 +159,3 @@ def test_overview_chart_link_and_live_update(night_lab, client, server, browser_
     assert errors == []
     for name in ("overview", "fleet", "experiment", "xss", "wave"):
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
-
-
-def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch, tmp_path):
-    import sys
-
-    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI is set"):
-        _require_chromium()
-    monkeypatch.delenv("CI")
-    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
-        _require_chromium()

@@ -39,6 +39,11 @@ from nightlab.cli._common import emit_json, json_option, say
     help="Number of CPU slots when the machine has no GPU (default: 1).",
 )
 @click.option(
+    "--oversubscribe",
+    is_flag=True,
+    help="Whether or not to accept CPU slots that need more threads than the usable cores (most runs end `degraded`).",
+)
+@click.option(
     "--profile",
     default=None,
     help="Built-in target profile: h100, small-gpu, cpu (default: h100 when nvidia-smi lists a GPU, else cpu).",
@@ -57,6 +62,7 @@ def command(
     lower_is_better,
     timeout,
     cpu_slots,
+    oversubscribe,
     profile,
     budget,
     dataset,
@@ -78,6 +84,7 @@ def command(
             metric=metric,
             lower_is_better=lower_is_better,
             cpu_slots=cpu_slots,
+            oversubscribe=oversubscribe,
             editable=tuple(editable) or None,
             timeout=timeout,
             profile=profile,

@@ -45,8 +45,8 @@ __all__ = [
 
 # How harness processes start Python so that no file of the lab can shadow a module: `-P` keeps the
 # working directory (the snapshot) off sys.path and still honours PYTHONPATH, which comes from the
-# user's environment, never from the run (3.11+); before 3.11, `-I` (which drops PYTHONPATH too).
-ISOLATED = ("-P",) if sys.version_info >= (3, 11) else ("-I",)
+# user's environment, never from the run.
+ISOLATED = ("-P",)
 
 SCORE_FILE = "score.json"
 HANDOFF_FOLDER = "handoff"

@@ -26,17 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
+import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nightlab.errors import ConfigError, NotALabError, UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "BOS_TOKEN",

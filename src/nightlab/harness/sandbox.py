@@ -74,7 +74,7 @@ def default_caches() -> tuple[Path, ...]:
 def available() -> str | None:
     """None when bwrap can start a sandbox here, else why not (one line)."""
     if os.environ.get("NIGHTLAB_NO_SANDBOX") == "1":
-        return "NIGHTLAB_NO_SANDBOX=1"
+        return "NIGHTLAB_NO_SANDBOX=1 is set; unset it to sandbox runs"
     exe = shutil.which("bwrap")
     if exe is None:
         return "bwrap not found; " + INSTALL_HINT

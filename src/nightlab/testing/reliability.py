@@ -94,6 +94,8 @@ def make_fast_lab(
         str(slots),
         "--timeout",
         str(timeout),
+        # the shell target sleeps: more slots than cores cost nothing here (fleet/health.py)
+        *(["--oversubscribe"] if slots > len(os.sched_getaffinity(0)) else []),
         cwd=root,
     )
     toml = lab / "nightlab.toml"
@@ -101,9 +103,6 @@ def make_fast_lab(
     text = text.replace("retries = 2", f"retries = {retries}")
     if backup_interval is not None:
         text = text.replace("[[fleet.pool]]", f"backup_interval = {backup_interval}\n\n[[fleet.pool]]", 1)
-    if slots > len(os.sched_getaffinity(0)):
-        # the shell target sleeps: more slots than cores cost nothing here (fleet/health.py)
-        text = text.replace("[fleet]\n", "[fleet]\noversubscribe = true\n", 1)
     toml.write_text(text)
     subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "test config"],
