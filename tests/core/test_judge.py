@@ -465,6 +465,8 @@ def test_a_large_gain_on_one_run_a_side_is_told_what_evidence_is_missing(lab):
     shown = json.loads(nightlab("show", better.id, "--json", cwd=lab.path).stdout)
     assert shown["reason"] == "single run and no noise floor; measure it with `nightlab noise`"
     assert shown["next_step"] == hint
+    said = " ".join(nightlab("show", better.id, "--no-diff", cwd=lab.path).stdout.split())  # rich wraps
+    assert f"why {shown['reason']}" in said and f"next {hint}" in said
 
 
 def test_a_gain_out_of_reach_is_called_so_with_its_numbers(lab):

@@ -32,6 +32,10 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
     out.print(f"  status {e.status.label}, outcome {e.outcome or '-'}, verdict {e.verdict or '-'}")
     if e.detail:
         out.print(f"  detail {e.detail}")
+    if data["reason"] and data["reason"] != e.detail:
+        out.print(f"  why {data['reason']}")
+    if data["next_step"]:
+        out.print(f"  next {data['next_step']}")
     if e.finished_at is not None:
         from nightlab.harness.owned import TRUST_NOTES
 
