@@ -89,6 +89,7 @@ def test_progress_series_has_every_ok_run_and_the_incumbent_line(night_lab, clie
     assert [p["t"] for p in data["points"]] == sorted(p["t"] for p in data["points"])
     for p in data["points"]:
         assert p["y"] == ok[p["id"]]["val_bpb"]
+        assert p["verdict"] == ok[p["id"]]["verdict"]  # within-noise is drawn apart from discards
     kept = [p for p in data["points"] if p["kept"]]
     assert {p["id"] for p in kept} >= {night_lab.ids["baseline"], night_lab.ids["better"]}
     better = [p["y"] for p in kept if p["id"] in (night_lab.ids["better"], night_lab.ids["repeat"])]

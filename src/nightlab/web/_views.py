@@ -265,6 +265,7 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
                 "y": value,
                 "tier": e.tier,
                 "kept": kept,
+                "verdict": None if e.verdict is None else str(e.verdict),
                 "best": best.get(e.tier),
                 "description": e.description[:DESCRIPTION_CHARS],
             }

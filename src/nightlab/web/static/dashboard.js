@@ -82,10 +82,10 @@
           const head = document.createElement("b");
           head.textContent = p.id + " · " + p.tier + " · " + metric + " " + fmt(p.y, 6);
           tip.appendChild(head);
-          if (p.kept) {
+          if (p.kept || p.verdict) {
             const k = document.createElement("span");
-            k.className = "kept";
-            k.textContent = " kept";
+            k.className = p.kept ? "kept" : "verdict";
+            k.textContent = p.kept ? " kept" : " " + p.verdict;
             tip.appendChild(k);
           }
           const desc = document.createElement("div");
@@ -101,6 +101,8 @@
     };
   }
 
+  function WITHIN(p) { return p.verdict === "within-noise"; }
+
   function progressOptions(el, data) {
     const series = [{ label: "finished" }];
     const columns = [data.points.map(function (p) { return p.t; })];
@@ -108,13 +110,17 @@
       const color = PALETTE[n % PALETTE.length];
       let best = null;
       columns.push(
-        data.points.map(function (p) { return p.tier === tier && !p.kept ? p.y : null; }),
+        data.points.map(function (p) { return p.tier === tier && !p.kept && !WITHIN(p) ? p.y : null; }),
+        data.points.map(function (p) { return p.tier === tier && !p.kept && WITHIN(p) ? p.y : null; }),
         data.points.map(function (p) { return p.tier === tier && p.kept ? p.y : null; }),
         data.points.map(function (p) { if (p.tier === tier && p.best != null) best = p.best; return best; })
       );
       series.push(
         { label: tier + " runs", stroke: color, paths: function () { return null; },
           points: { show: true, size: 5, width: 1, stroke: color, fill: color + "40" } },
+        // within noise is neither kept nor discarded: amber, as in progress.png
+        { label: tier + " within noise", stroke: "#e9a23b", paths: function () { return null; },
+          points: { show: true, size: 8, width: 1.5, stroke: "#e9a23b", fill: "#e9a23b80" } },
         { label: tier + " kept", stroke: "#1d6b34", paths: function () { return null; },
           points: { show: true, size: 10, width: 1.5, stroke: "#1d6b34", fill: "#2a9d4b" } },
         { label: tier + " incumbent (mean)", stroke: color, width: 2, spanGaps: true,
