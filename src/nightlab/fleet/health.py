@@ -47,7 +47,8 @@ active in more than a MAX_SLOWDOWN_SHARE (0.2) of them. The software power cap a
 normal at full load and only counts through the clock it costs.
 
 Cost (bench/health_overhead.py, 2-core CPU): one CPU sample scans /proc once for the
-process groups of all running runs; the figure per run is in bench/RESULTS.md. The sampled
+processes of all running runs, reading each process's environment once in its life (its mark
+cannot change but by an exec); the figure per run is in bench/RESULTS.md. The sampled
 threads' last second is not seen (a thread that exits between samples keeps its last
 sample), which is well under 1 % of a 300 s run.
 
@@ -161,7 +162,8 @@ class _Marks:
     """`procs.mark_of` with memory: each process's environment is read once (pid + start time name it).
 
     A forked child inherits its parent's environment, so a process is marked from its first
-    moment; reading every environment once a second would cost ~30 us per process on the box.
+    moment (only the wrapper gets its mark at its exec, and the tree finds it as the root);
+    reading every environment once a second would cost ~30 us per process on the box.
     """
 
     def __init__(self) -> None:
