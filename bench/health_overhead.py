@@ -1,10 +1,11 @@
 """Health-sampling overhead: what watching runs' machine health costs the controller.
 
-The controller takes one health sample per heartbeat (1 s): one pass over /proc that reads
-the schedstat of every thread of every running run's process group (fleet/health.py). This
-starts N process groups of T sleeping threads each (stand-ins for running experiments),
-times `HealthWatch.sample` over many passes, and reports the CPU time per sample and per
-run of a given length.
+The controller takes one health sample per heartbeat (1 s): one pass over /proc that finds
+every process of every running run (its wrapper's tree and session, and every process with
+the run's NIGHTLAB_ATTEMPT mark, each environment read once) and reads the schedstat of each
+of their threads (fleet/health.py). This starts N process groups of T sleeping threads each,
+marked like runs (stand-ins for running experiments), times `HealthWatch.sample` over many
+passes, and reports the CPU time per sample and per run of a given length.
 
 Usage: .venv/bin/python bench/health_overhead.py [--runs 1,4,16] [--threads 8] [--samples 200] [--run-seconds 300]
 """
@@ -21,6 +22,7 @@ import time
 from nightlab.config import FleetConfig
 from nightlab.fleet.backend import WorkerSlot
 from nightlab.fleet.health import HealthWatch
+from nightlab.procs import MARK
 
 SLEEPER = "import threading, time\n[threading.Thread(target=time.sleep, args=(600,)).start() for _ in range({t} - 1)]\ntime.sleep(600)\n"
 
@@ -33,15 +35,19 @@ class _Attempt:
 def measure(runs: int, threads: int, samples: int) -> float:
     """CPU seconds of one `sample()` with `runs` groups of `threads` threads watched."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", SLEEPER.format(t=threads)], start_new_session=True)
-        for _ in range(runs)
+        subprocess.Popen(
+            [sys.executable, "-c", SLEEPER.format(t=threads)],
+            start_new_session=True,
+            env={**os.environ, MARK: f"/bench/attempt-{i}"},
+        )
+        for i in range(runs)
     ]
     try:
         time.sleep(1.0)  # let the threads start
         slots = [WorkerSlot(f"cpu-{i}", "cpu", "local", info={"threads": threads}) for i in range(runs)]
         watch = HealthWatch(FleetConfig(pools=(), default_tier="cpu"), slots)
         for i, (slot, proc) in enumerate(zip(slots, procs, strict=True)):
-            watch.watch(_Attempt(i), slot, {"pgid": proc.pid})
+            watch.watch(_Attempt(i), slot, {"pgid": proc.pid, "mark": f"/bench/attempt-{i}"})
         start = time.process_time()
         for _ in range(samples):
             watch.sample()

@@ -100,7 +100,7 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
             # both slots ran their 2 x cores busy processes on `cores` cores: each got at most half
             assert e["outcome"] == "degraded" and e["verdict"] == "degraded", e
             assert e["val_bpb"] is None and e["metrics"]["val_bpb"] > 0  # recorded, not compared
-            assert e["degraded"].startswith("starved: got")
+            assert e["degraded"].startswith("starved: it got")
         reruns = [e for e in res["experiments"] if e["description"].startswith("re-run of")]
         assert sorted(e["description"].split()[2] for e in reruns) == sorted([a, b])
         wait_json(lab, *(e["id"] for e in reruns), timeout=120)
@@ -128,7 +128,7 @@ def test_second_pool_on_a_full_machine_is_refused_then_degraded_and_rerun(tmp_pa
             else:  # the machine is loaded from outside as well: no figure at all, never a wrong one
                 assert res["incumbent"]["tiers"][e["tier"]] is None
         text = nightlab("results", cwd=lab)
-        assert f"{a} starved: got" in text.stderr and "not judged" in text.stderr
+        assert f"{a} starved: it got" in text.stderr and "not judged" in text.stderr
         shown = nightlab("show", a, "--no-diff", cwd=lab).stdout
         assert "health degraded (got" in shown
         # each names the other: the degraded run its re-run, the re-run what it re-runs

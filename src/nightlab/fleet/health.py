@@ -6,9 +6,13 @@ every local run while it runs and attaches a `Health` record to its result; a ru
 machine failed it beyond the thresholds below is `degraded`: recorded with its figures,
 never judged, kept out of noise floors and incumbent figures, and re-run once.
 
-CPU (every local run, Linux): every thread of the run's process group is read from
+CPU (every local run, Linux): every thread of every process of the run is read from
 `/proc/<pid>/task/<tid>/schedstat` (nanoseconds on a CPU, nanoseconds runnable but waiting
-for one). From the last value seen of every thread:
+for one). The run's processes are those the kill ends (`nightlab/procs.py`): the wrapper's tree
+and every process carrying the attempt's environment mark, so the harness supervisor, bwrap and
+train.py in sessions of their own all count. (Until 2026-12 the walk stopped at the supervisor:
+a live run's ledger said 9.98 CPU-s where train.py had used 53.7.) From the last value seen of
+every thread:
 
     cpu_share = CPU time / (wall x slot threads)   the share of its thread-seconds the run got
     got_share = CPU time / (CPU time + run-queue wait)   of the CPU it asked for, how much it got
@@ -17,13 +21,17 @@ for one). From the last value seen of every thread:
 that sleeps, waits on a GPU or on I/O), so the verdict uses `got_share`: the time a thread
 was ready to run and no core took it is starvation and nothing else. A run is degraded when
 
-    got_share < MIN_GOT_SHARE (0.7)   and   waited >= MIN_WAITED_SECONDS (5 s)
+    got_share < MIN_GOT_SHARE (0.7)   and   waited >= wait_floor(wall, threads)
+    wait_floor = max(MIN_WAITED_SECONDS (0.5 s), MIN_WAITED_SHARE (0.1) x wall x slot threads)
 
 0.7: a run that lost 30 % of its CPU trains ~30 % fewer steps under the budget; on the cpu
 profile that moves val_bpb by far more than its noise floor (0.0046 at 464 steps; 75 steps
 scored 0.900 instead of 0.306). Two 2-thread slots busy on 2 cores get 0.5 each and are
-caught with margin. The 5 s floor keeps very short runs (start-up, tests of the fleet
-itself) from being judged on a few scheduler ticks. The machine's load per core is
+caught with margin. The wait floor is relative to the run: its threads must have waited a
+tenth of the slot's thread-seconds, so a run that hardly asked for the CPU (it sleeps, waits on
+I/O) is not judged on the little it waited, and a short run is judged like a long one (with
+the former fixed 5 s floor a 4 s run that got 23 % of what it asked for passed as healthy).
+Below 0.5 s it is a few scheduler ticks, never judged. The machine's load per core is
 recorded beside it (`os.getloadavg`), for the reader: it counts the run itself.
 
 A run on a local GPU slot is judged by its GPU only (its CPU figures are recorded): its CPU
@@ -39,7 +47,8 @@ active in more than a MAX_SLOWDOWN_SHARE (0.2) of them. The software power cap a
 normal at full load and only counts through the clock it costs.
 
 Cost (bench/health_overhead.py, 2-core CPU): one CPU sample scans /proc once for the
-process groups of all running runs; the figure per run is in bench/RESULTS.md. The sampled
+processes of all running runs, reading each process's environment once in its life (its mark
+cannot change but by an exec); the figure per run is in bench/RESULTS.md. The sampled
 threads' last second is not seen (a thread that exits between samples keeps its last
 sample), which is well under 1 % of a 300 s run.
 
@@ -58,6 +67,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nightlab import procs
 from nightlab.fleet.capacity import capacity_problem, check_capacity, usable_cores  # noqa: F401 (their former home)
 
 MIN_GOT_SHARE = 0.7
@@ -65,7 +75,8 @@ MIN_GOT_SHARE = 0.7
 # controller at start) overrides `[fleet] min_cpu_share`, so the suite's ordinary runs are not
 # re-run because a neighbour was busy. The threshold used is recorded in every run's health.
 MIN_CPU_SHARE_ENV = "NIGHTLAB_MIN_CPU_SHARE"
-MIN_WAITED_SECONDS = 5.0
+MIN_WAITED_SHARE = 0.1  # of the slot's thread-seconds (wall x threads): see the module docstring
+MIN_WAITED_SECONDS = 0.5
 MIN_CLOCK_SHARE = 0.8
 MAX_SLOWDOWN_SHARE = 0.2
 BUSY_UTILISATION = 50.0
@@ -113,11 +124,14 @@ class Health:
         """One line for `show` and the dashboard."""
         parts = []
         if self.got_share is not None:
-            parts.append(f"got {self.got_share:.0%} of the CPU it asked for")
-        if self.cpu_share is not None and self.threads:
-            parts.append(f"{self.cpu_share:.0%} of {self.threads} threads x {self.wall_seconds:.0f} s")
+            parts.append(f"got {self.got_share:.0%} of the CPU time it was ready to use")
+        if self.cpu_seconds is not None and self.threads:
+            parts.append(
+                f"used {self.cpu_seconds:.1f} CPU-s of {self.threads * self.wall_seconds:.0f} available "
+                f"({self.threads}-core slot x {self.wall_seconds:.0f} s)"
+            )
         if self.load_per_core is not None:
-            parts.append(f"load {self.load_per_core:.2f}/core")
+            parts.append(f"machine load {self.load_per_core:.2f} per core")
         if self.sm_clock_share is not None:
             parts.append(f"GPU {self.gpu} SM clock {self.sm_clock_share:.0%} of max")
         if self.throttle:
@@ -129,73 +143,73 @@ class Health:
 # ---------------------------------------------------------------------------- CPU
 
 
-def _parent_and_group(pid: str) -> tuple[int, int] | None:
-    try:
-        stat = (_PROC / pid / "stat").read_bytes()
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return (int(fields[1]), int(fields[2])) if len(fields) > 2 else None
-
-
-def _threads_of(pid: str) -> dict[tuple[int, int], tuple[int, int]]:
+def _threads_of(pid: int) -> dict[tuple[int, int], tuple[int, int]]:
     out = {}
     try:
-        tids = os.listdir(_PROC / pid / "task")
+        tids = os.listdir(_PROC / str(pid) / "task")
     except OSError:
         return out
     for tid in tids:
         try:
-            run, wait = (_PROC / pid / "task" / tid / "schedstat").read_text().split()[:2]
+            run, wait = (_PROC / str(pid) / "task" / tid / "schedstat").read_text().split()[:2]
         except (OSError, ValueError):
             continue
-        out[(int(pid), int(tid))] = (int(run), int(wait))
+        out[(pid, int(tid))] = (int(run), int(wait))
     return out
 
 
-def scan_groups(pgids: set[int]) -> dict[int, dict[tuple[int, int], tuple[int, int]]]:
-    """(run_ns, wait_ns) of every thread of every process of the given runs.
+class _Marks:
+    """`procs.mark_of` with memory: each process's environment is read once (pid + start time name it).
 
-    A run is its wrapper's process group (the key) and every descendant of the wrapper: the
-    sandbox of the built-in target (`bwrap --new-session`) moves train.py to a session of its
-    own, so the group alone would miss it. One pass over /proc serves every running run. Empty
-    where /proc has no schedstat (macOS, a kernel without CONFIG_SCHED_INFO): those runs are
-    simply not judged.
+    A forked child inherits its parent's environment, so a process is marked from its first
+    moment (only the wrapper gets its mark at its exec, and the tree finds it as the root);
+    reading every environment once a second would cost ~30 us per process on the box.
     """
-    found: dict[int, dict[tuple[int, int], tuple[int, int]]] = {g: {} for g in pgids}
-    if not pgids or not _PROC.is_dir():
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], str | None] = {}
+        self._table: dict[int, tuple[int, int, int]] = {}
+
+    def renew(self, table: dict[int, tuple[int, int, int]]) -> None:
+        self._table = table
+        live = {(pid, row[2]) for pid, row in table.items()}
+        self._seen = {key: mark for key, mark in self._seen.items() if key in live}
+
+    def __call__(self, pid: int) -> str | None:
+        key = (pid, self._table[pid][2])
+        if key not in self._seen:
+            self._seen[key] = procs.mark_of(pid)
+        return self._seen[key]
+
+
+def scan_runs(
+    runs: dict[Any, tuple[int | None, str | None]], marks: _Marks | None = None
+) -> dict[Any, dict[tuple[int, int], tuple[int, int]]]:
+    """(run_ns, wait_ns) of every thread of every process of the given runs, in one /proc pass.
+
+    `runs` maps a key to the run's (wrapper pid, mark): its processes are the wrapper's tree and
+    session and every process carrying its mark (`procs.run_processes`, the rule the kill uses),
+    so the supervisor, bwrap and train.py in their own sessions all count. Empty where /proc has
+    no schedstat (macOS, a kernel without CONFIG_SCHED_INFO): those runs are simply not judged.
+    """
+    found: dict[Any, dict[tuple[int, int], tuple[int, int]]] = {key: {} for key in runs}
+    if not runs or not _PROC.is_dir():
         return found
-    try:
-        pids = [p for p in os.listdir(_PROC) if p.isdigit()]
-    except OSError:
-        return found
-    children: dict[int, list[int]] = {}
-    owner: dict[int, int] = {}  # pid -> the run it belongs to
-    for pid in pids:
-        pg = _parent_and_group(pid)
-        if pg is None:
-            continue
-        parent, group = pg
-        children.setdefault(parent, []).append(int(pid))
-        if group in found:
-            owner[int(pid)] = group
-    for root in pgids:  # the wrapper's pid is its group's id (start_new_session)
-        stack = [root]
-        while stack:
-            pid = stack.pop()
-            owner.setdefault(pid, root)
-            stack += [c for c in children.get(pid, []) if c not in owner]
-    for pid, run in owner.items():
-        found[run].update(_threads_of(str(pid)))
+    table = procs.table()
+    marks = marks or _Marks()
+    marks.renew(table)
+    for key, (root, mark) in runs.items():
+        for pid in procs.run_processes(root, mark, procs=table, marks=marks):
+            found[key].update(_threads_of(pid))
     return found
 
 
 class CpuSampler:
     """Accumulates one run's threads (last value seen of each) and the machine's load."""
 
-    def __init__(self, *, pgid: int, threads: int, started_at: float) -> None:
-        self.pgid = pgid
+    def __init__(self, *, root: int | None, mark: str | None, threads: int, started_at: float) -> None:
+        self.root = root
+        self.mark = mark
         self.threads = max(1, threads)
         self.started_at = started_at
         self._tasks: dict[tuple[int, int], tuple[int, int]] = {}
@@ -334,6 +348,11 @@ def gpu_health(samples: list[dict[str, float]], gpu: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the rule
 
 
+def wait_floor(wall_seconds: float, threads: int) -> float:
+    """Seconds a run's threads must have waited for a core, in all, before it can be judged starved."""
+    return max(MIN_WAITED_SECONDS, MIN_WAITED_SHARE * wall_seconds * max(1, threads))
+
+
 def judge(
     health: Health, *, min_got_share: float = MIN_GOT_SHARE, min_clock_share: float = MIN_CLOCK_SHARE
 ) -> Health:
@@ -348,12 +367,14 @@ def judge(
         health.got_share is not None
         and health.waited_seconds is not None
         and health.got_share < min_got_share
-        and health.waited_seconds >= MIN_WAITED_SECONDS
+        and health.waited_seconds >= wait_floor(health.wall_seconds, health.threads or 1)
     ):
+        load = f" (load {health.load_per_core:.2f} per core)" if health.load_per_core is not None else ""
         reasons.append(
-            f"starved: got {health.got_share:.0%} of the CPU it asked for "
-            f"(waited {health.waited_seconds:.0f} s for a core; threshold {min_got_share:.0%}), "
-            f"{health.cpu_share:.0%} of {health.threads} threads"
+            f"starved: it got {health.got_share:.0%} of the CPU time it was ready to use "
+            f"({min_got_share:.0%} needed); its processes waited {health.waited_seconds:.1f} s in all "
+            f"for a free core during its {health.wall_seconds:.0f} s run on a {health.threads}-core slot: "
+            f"the machine was busy{load}; stop other work on it or run fewer slots"
         )
     if health.sm_clock_share is not None and health.sm_clock_share < min_clock_share:
         reasons.append(
@@ -393,6 +414,7 @@ class HealthWatch:
         self.min_got_share = cpu_share_override(config.min_cpu_share)
         self.min_clock_share = config.min_clock_share
         self._cpu: dict[int, CpuSampler] = {}
+        self._marks = _Marks()
         self._gpu_of: dict[int, tuple[int, float]] = {}  # attempt id -> (gpu index, started at)
         self._avoid: dict[str, str] = {}  # queued re-run id -> the worker whose run was degraded
         self._running_reruns: set[int] = set()  # attempt ids of re-runs in flight
@@ -417,7 +439,7 @@ class HealthWatch:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threads = int(slot.info.get("threads") or (1 if "gpu" in slot.info else cores))
         self._cpu[attempt.id] = CpuSampler(
-            pgid=int(handle["pgid"]), threads=threads, started_at=attempt.started_at
+            root=int(handle["pgid"]), mark=handle.get("mark"), threads=threads, started_at=attempt.started_at
         )
         if "gpu" in slot.info:
             # a GPU run is judged by its GPU: its CPU threads mostly wait on the card, and torch's
@@ -428,9 +450,9 @@ class HealthWatch:
         """One /proc pass for every watched run (the controller calls it once per heartbeat)."""
         if not self._cpu:
             return
-        groups = scan_groups({s.pgid for s in self._cpu.values()})
-        for sampler in self._cpu.values():
-            sampler.add(groups.get(sampler.pgid, {}))
+        found = scan_runs({key: (s.root, s.mark) for key, s in self._cpu.items()}, self._marks)
+        for key, sampler in self._cpu.items():
+            sampler.add(found[key])
 
     def finish(self, attempt: Any) -> Health | None:
         """The judged health of an attempt that ended; None when it was not watched (remote)."""

@@ -6,6 +6,12 @@ run does not depend on the controller: if the controller is killed (even with SI
 the run goes on, and the next controller finds its status file, or its live process,
 and takes over. A run whose process is gone without a status file died from outside
 (`infra`).
+
+No process of a run outlives it: every one carries `NIGHTLAB_ATTEMPT=<the attempt's folder>` in
+its environment (`nightlab/procs.py`), which a session of its own or a dead parent does not
+remove. A kill (timeout, cancel, `fleet stop`) ends every marked process and waits until they
+are gone, and an end is reported only once nothing marked is left (what is left is killed
+first), so a retry never starts beside its old attempt, even after a controller restart.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nightlab import procs
 from nightlab.config import PoolConfig
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.lifecycle import alive
@@ -69,6 +76,18 @@ def _find_pid(marker: str) -> int | None:
     return None
 
 
+def _mark(spec: RunSpec) -> str:
+    """The attempt's mark: its folder, unique on this machine across labs and attempts."""
+    return str(spec.run_dir.resolve())
+
+
+def _left_over(spec: RunSpec) -> bool:
+    """Kill what an ended run left running; True while there was any (its end waits for them)."""
+    left = procs.run_processes(None, _mark(spec))
+    procs.signal_all(left, signal.SIGKILL)
+    return bool(left)
+
+
 class LocalBackend(BaseBackend):
     """Runs attempts as detached process groups (see the module docstring)."""
 
@@ -100,6 +119,7 @@ class LocalBackend(BaseBackend):
         env.update({**slot.env, **spec.env})
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env["PYTHONUNBUFFERED"] = "1"
+        env[procs.MARK] = _mark(spec)
         with open(spec.log_path, "ab") as log:
             proc = subprocess.Popen(
                 ["/bin/sh", str(script)],
@@ -110,7 +130,7 @@ class LocalBackend(BaseBackend):
                 start_new_session=True,
             )
         self._children[proc.pid] = proc
-        return {"pid": proc.pid, "pgid": proc.pid, "marker": str(script)}
+        return {"pid": proc.pid, "pgid": proc.pid, "marker": str(script), "mark": _mark(spec)}
 
     def poll(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> RunExit | None:
         status_file = spec.run_dir / "exit"
@@ -120,7 +140,7 @@ class LocalBackend(BaseBackend):
         child = self._children.get(pid) if pid else None
         if child is not None:
             code = child.poll()
-            if code is None:
+            if code is None or _left_over(spec):
                 return None
             del self._children[pid]
             if status_file.exists():
@@ -128,8 +148,10 @@ class LocalBackend(BaseBackend):
             # the wrapper itself was killed: report the signal the way the shell would
             return RunExit(code if code >= 0 else 128 - code)
         if status_file.exists():
-            return RunExit(int(status_file.read_text().strip() or "1"))
+            return None if _left_over(spec) else RunExit(int(status_file.read_text().strip() or "1"))
         if pid and alive(pid, marker=marker):  # ours, not a recycled pid of something else
+            return None
+        if _left_over(spec):
             return None
         if status_file.exists():  # it ended between the two checks
             return RunExit(int(status_file.read_text().strip() or "1"))
@@ -141,13 +163,14 @@ class LocalBackend(BaseBackend):
         return RunExit(None, lost=True, detail="process gone without an exit status")
 
     def kill(self, slot: WorkerSlot, spec: RunSpec, handle: dict[str, Any]) -> None:
+        """SIGKILL the run's group and every process of the run, and wait until they are gone."""
         pgid = handle.get("pgid") or _find_pid(str(spec.run_dir / "run.sh"))
-        if not pgid:
-            return
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        procs.end_run(None, _mark(spec))  # the group is dead: the mark finds who left it
 
     def cleanup(self, spec: RunSpec) -> None:
         # the snapshot stays in git; the materialised copy is only disk

@@ -7,7 +7,9 @@ The fleet runs every built-in-target attempt as
 in the snapshot's folder (`RUN/work`). The supervisor:
 
 1. starts the command in the sandbox (`sandbox.py`; unsandboxed where bwrap cannot start), in its
-   own session, with `NIGHTLAB_HANDOFF_DIR=RUN/handoff`, and times it with its own clock;
+   own session, with `NIGHTLAB_HANDOFF_DIR=RUN/handoff`, and times it with its own clock; when the
+   command exits, every process it started is ended (this process is their subreaper), and its
+   first process dies with this one (`nightlab/procs.py`);
 2. when it exits 0, checks its wall time against the lab's budget plus `wall_allowance(budget)`
    (start-up, the capped warm-up, export), the clock's figures against the lab's budget, the
    harness's own files (`integrity.py`), and that a model was handed in;
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -126,15 +127,9 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, str] | None) -> int:
     """Run, check and score one attempt (see the module docstring). Returns the command's exit code."""
+    from nightlab import procs
     from nightlab.harness import integrity, sandbox
     from nightlab.harness.clock import WARMUP_FRACTION_CAP, WARMUP_SECONDS_CAP
     from nightlab.harness.handoff import HANDOFF_ENV, HANDOFF_META, MODEL_FILE
@@ -170,15 +165,21 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         result["unsandboxed"] = sandbox.available()
         print(f"nightlab harness: running unsandboxed ({sandbox.available()})", file=sys.stderr, flush=True)
 
+    # As the subreaper of everything train.py starts, this process keeps even a daemon that
+    # double-forked into a session of its own in its tree (the sweep below finds it); the parent-death
+    # signal ends train.py's first process when this one is killed (the fleet's kill sweeps the rest
+    # by the attempt's environment mark: nightlab/procs.py).
+    procs.become_subreaper()
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=procs.die_with_parent())
     # import the scorer's torch while train.py starts up (imports, data, model): the 2-5 s it costs
     # here would otherwise come after the run, on every run
     threading.Thread(target=_preload, daemon=True).start()
     try:
         code = proc.wait()
     finally:
-        _kill_group(proc.pid)  # whatever it left running must not outlive it (and rewrite files)
+        # whatever it left running must not outlive it, nor rewrite the hand-in while it is scored
+        procs.end_run(os.getpid(), None)
     wall = time.monotonic() - start
     limit = budget + wall_allowance(budget)
     result.update(train_wall_seconds=round(wall, 3), wall_limit_seconds=round(limit, 3))

@@ -2,7 +2,9 @@
 
 This file is shipped as text (its source travels in the runner job's environment and on the
 helper's first stdin line), so it uses the standard library only and runs on Python >= 3.8:
-the cluster always runs the controller's own copy, whatever nightlab its set-up installed.
+the cluster always runs the controller's own copy, whatever nightlab its set-up installed. Its
+one import of nightlab, the run's processes (`nightlab/procs.py`, the same rules as every local
+run's), is replaced by that module's text in the shipped source (`residents.SOURCE`).
 
 The runner is one long-lived SkyPilot job per cluster (`python -c SOURCE runner BASE EPOCH
 IDLE`). It holds the cluster's GPU like any experiment job, and runs experiments one after
@@ -43,13 +45,14 @@ import sys
 import threading
 import time
 
+from nightlab.procs import MARK, end_run, run_processes, signal_all  # inlined when shipped
+
 POLL = 0.1  # seconds between the runner's looks at its inbox and at the running run's tomb
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a run's processes
 ALIVE_EVERY = 10.0  # seconds between a helper's touches of `alive`
 CHUNK = 256 * 1024  # log bytes per run per poll answer
 KEEP_EPOCHS = 2 * 86400  # seconds after which another epoch's directory is removed at start
 PREFIX = "nightlab-resident: "  # the runner's first output line: where and what it is
-MARK = "NIGHTLAB_RESIDENT_RUN"  # every process of a run carries it: the kill finds them by it
 
 
 def _write(path: str, data: dict) -> None:
@@ -71,64 +74,6 @@ def _touch(path: str) -> None:
     with open(path, "a"):
         pass
     os.utime(path, None)
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-def _procs() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, session id) of every process this user can see."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(entry)] = (int(fields[1]), int(fields[3]))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def _marked(pid: int, mark: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return mark in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def run_processes(root: int | None, mark: str) -> list[int]:
-    """Every process of a run: the tree under `root`, its session, and whatever carries `mark`.
-
-    The session catches what `timeout` moved to a process group of its own; the mark catches
-    what left the session (`setsid`) after its parent died.
-    """
-    procs = _procs()
-    me = os.getpid()
-    found = set()
-    if root is not None and root in procs:
-        sid = procs[root][1]
-        found.add(root)
-        found.update(p for p, (_, s) in procs.items() if s == sid and sid == root)
-        grew = True
-        while grew:
-            more = {p for p, (pp, _) in procs.items() if pp in found and p not in found}
-            found |= more
-            grew = bool(more)
-    needle = f"{MARK}={mark}".encode()
-    found.update(p for p in procs if p not in found and _marked(p, needle))
-    found.discard(me)
-    return sorted(found)
-
-
-def signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 # ---------------------------------------------------------------------------- the runner
@@ -249,12 +194,7 @@ class Runner:
                 signal_all(run_processes(child.pid, mark), signal.SIGKILL)
             time.sleep(POLL)
         # what the run left behind must not outlive it: it would share the GPU with the next one
-        for _ in range(50):
-            left = run_processes(None, mark)
-            if not left:
-                break
-            signal_all(left, signal.SIGKILL)
-            time.sleep(POLL)
+        end_run(None, mark, patience=KILL_GRACE)
         status = {"exit": child.returncode, "started": started, "ended": time.time()}
         if termed is not None:
             # a tomb is the controller's kill; a stopping runner (cancelled job) is not a verdict on the run

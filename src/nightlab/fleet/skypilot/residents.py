@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nightlab import procs
 from nightlab.fleet.backend import RunExit
 from nightlab.fleet.sky_task import _resources, _sky, load_worker_config
 from nightlab.fleet.skypilot import core, resident
@@ -49,7 +50,16 @@ if TYPE_CHECKING:
     from nightlab.fleet.skypilot.clusters import Cluster
     from nightlab.fleet.skypilot.jobs import Jobs, Run
 
-SOURCE = Path(resident.__file__).read_text()
+
+def _shipped_source() -> str:
+    """resident.py as the cluster runs it: `nightlab/procs.py`'s text in place of its import line."""
+    text = Path(resident.__file__).read_text()
+    [line] = [x for x in text.splitlines(keepends=True) if x.startswith("from nightlab.procs import ")]
+    shared = Path(procs.__file__).read_text().replace("from __future__ import annotations\n", "", 1)
+    return text.replace(line, shared, 1)
+
+
+SOURCE = _shipped_source()
 SOURCE_HASH = hashlib.sha1(SOURCE.encode()).hexdigest()[:12]
 JOB_PREFIX = "nightlab-runner-"
 BASE = ".nightlab/resident"  # under the runner job's HOME (on Slurm, SkyPilot's cluster home)
