@@ -16,7 +16,7 @@ Contract (what every caller may rely on):
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
 `ExperimentStatus`, `Verdict`, `Outcome`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
 `_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
-(`ReadOnlyLedger`, the dashboard's). Every SQL statement of nightlab lives in this package.
+(`ReadOnlyLedger`, the dashboard's), `_trackers` (the experiment trackers' cursor and runs). Every SQL statement of nightlab lives in this package.
 """
 
 from nightlab.ledger._base import BaseLedger
@@ -39,6 +39,7 @@ from nightlab.ledger._rows import (
     Worker,
 )
 from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
+from nightlab.ledger._trackers import TrackerRun, TrackerState
 
 __all__ = [
     "MIGRATIONS",
@@ -57,6 +58,8 @@ __all__ = [
     "ReadOnlyLedger",
     "SearchProgress",
     "Source",
+    "TrackerRun",
+    "TrackerState",
     "Verdict",
     "Wave",
     "Worker",

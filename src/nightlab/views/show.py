@@ -35,4 +35,6 @@ def show_payload(
     # a degraded run is re-run once (fleet/health.py): the one figure that counts is the re-run's
     data["rerun_of"], data["rerun"] = lab.ledger.rerun_links(e.id)
     data.update(attempts=[a.to_dict() for a in attempts], diff=text, log_tail=tail, log_path=log_path)
+    # its run in each experiment tracker it was sent to (`url` None where the run has no web page yet)
+    data["trackers"] = [r.to_dict() for r in lab.ledger.tracker_runs(e.id)]
     return data
