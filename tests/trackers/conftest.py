@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from labkit import commit, nightlab, wait_until
 
 
@@ -32,5 +33,7 @@ def trackers_state(lab: Path) -> dict[str, dict]:
 def wait_sent(lab: Path, name: str, n: int, timeout: float = 180) -> dict:
     """Until tracker `name` has sent `n` runs and has none queued; returns its status."""
     return wait_until(
-        lambda: (t := trackers_state(lab)[name])["sent"] >= n and t["queued"] == 0 and t, timeout=timeout, interval=0.5
+        lambda: (t := trackers_state(lab)[name])["sent"] >= n and t["queued"] == 0 and t,
+        timeout=timeout,
+        interval=0.5,
     )

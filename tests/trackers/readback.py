@@ -41,7 +41,9 @@ def wandb_runs(lab: Path) -> dict[str, dict[str, Any]]:
                 run["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
             elif kind == "summary":
                 items = record.summary.update
-                run["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
+                run["summary"].update(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+                )
             elif kind == "files":
                 run["files"].update(f.path for f in record.files.files)
             elif kind == "history":

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 
+from readback import mlflow_artifacts, mlflow_history, mlflow_runs, wandb_runs
+
 from conftest import wait_sent
 from labkit import nightlab, wait_json
-from readback import mlflow_artifacts, mlflow_history, mlflow_runs, wandb_runs
 
 TRACKERS = """
 [trackers.wandb]
@@ -90,8 +91,14 @@ def test_every_run_reaches_both_trackers_live_and_an_export_agrees(tracked_lab):
     assert wb[f"{lab_id}-incumbent-cpu"]["history"][0]["incumbent/val_bpb"] == by_id["e0001"]["val_bpb"]
 
     # ---- the dashboard's and `show`'s links: MLflow's page (ui_url), W&B's page once synced
-    links = {t["tracker"].split(":")[0]: t["url"] for t in json.loads(nightlab("show", "e0003", "--json", cwd=lab).stdout)["trackers"]}
-    assert links["mlflow"] == f"http://127.0.0.1:5000/#/experiments/{swept.info.experiment_id}/runs/{swept.info.run_id}"
+    links = {
+        t["tracker"].split(":")[0]: t["url"]
+        for t in json.loads(nightlab("show", "e0003", "--json", cwd=lab).stdout)["trackers"]
+    }
+    assert (
+        links["mlflow"]
+        == f"http://127.0.0.1:5000/#/experiments/{swept.info.experiment_id}/runs/{swept.info.run_id}"
+    )
     assert links["wandb"] == f"https://wandb.ai/team/nightlab-test/runs/{lab_id}-e0003"
 
     # ---- an export after live logging finds everything up to date: it agrees, nothing is duplicated
@@ -107,7 +114,9 @@ def test_every_run_reaches_both_trackers_live_and_an_export_agrees(tracked_lab):
     assert set(after) == expected
     assert after[f"{lab_id}-e0003"].data.tags["adopted"] == "yes"
     assert after[f"{lab_id}-e0003"].info.run_id == swept.info.run_id
-    assert [v for _, v in mlflow_history(uri, incumbent.info.run_id, "val_bpb")][-1] == by_id["e0003"]["val_bpb"]
+    assert [v for _, v in mlflow_history(uri, incumbent.info.run_id, "val_bpb")][-1] == by_id["e0003"][
+        "val_bpb"
+    ]
     wait_sent(lab, "wandb", 6)
     wb = wandb_runs(lab)
     assert set(wb) == expected - {f"{lab_id}-w001"}

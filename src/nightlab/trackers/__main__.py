@@ -16,13 +16,6 @@ import sys
 import threading
 from pathlib import Path
 
-# the MLflow client retries a refused connection 7 times with doubling waits (minutes); the
-# worker retries on its own schedule, so one slow try holds its thread for seconds, not minutes
-_LIBRARY_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
-    "WANDB_SILENT": "true",
-}
 JOIN_SECONDS = 5.0
 
 
@@ -33,8 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lab_dir = Path(args[0]).resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for key, value in _LIBRARY_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    os.environ.setdefault("WANDB_SILENT", "true")
     from nightlab.config import load_lab_config
     from nightlab.trackers._base import TRACKERS, make_tracker
     from nightlab.trackers._outbox import follow

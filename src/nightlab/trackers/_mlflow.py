@@ -18,6 +18,7 @@ to `file:` stores, hence none here.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ from nightlab.config import MlflowConfig
 from nightlab.trackers._base import BaseTracker, require, safe_name
 from nightlab.trackers._record import RunRecord, WaveRecord
 
+# the MLflow client retries a refused connection 7 times with doubling waits (over 4 minutes);
+# the worker retries on its own schedule and an export is run again, so one try takes seconds.
+# Set in the process's environment only when unset: a user's own choice wins.
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 BATCH = 100  # MLflow's limit on params (and tags) per `log_batch`
 
@@ -47,6 +52,8 @@ class MlflowTracker(BaseTracker):
 
     def __init__(self, config: MlflowConfig, lab_dir: Path) -> None:
         self.config, self.key = config, config.key
+        for name, value in CLIENT_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         self.mlflow = require("mlflow", "mlflow")
         self.uri = resolve_uri(config.tracking_uri, lab_dir)
         self.client = self.mlflow.MlflowClient(tracking_uri=self.uri)
