@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,skypilot]'
+	$(BIN)/pip install --quiet -e '.[dev,skypilot,wandb,mlflow]'
 	touch $(STAMP)
 
 install: $(STAMP)
