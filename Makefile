@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# the tested CPU build, exactly; pyproject.toml itself asks only for torch>=2.9,<3
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,skypilot]'
+	$(BIN)/pip install --quiet -e '.[dev,skypilot,wandb,mlflow]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -115,6 +115,44 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """`[trackers.wandb]`: where every finished run is logged in Weights & Biases (docs/trackers.md)."""
+
+    project: str
+    entity: str | None = None  # None: the API key's default entity
+    mode: str = "online"  # online | offline (runs kept under .nightlab/wandb/ for `wandb sync`)
+
+    @property
+    def key(self) -> str:
+        """The destination: a new project (or mode) starts its own outbox cursor."""
+        return f"wandb:{self.entity or ''}/{self.project}" + (":offline" if self.mode == "offline" else "")
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    """`[trackers.mlflow]`: where every finished run is logged in MLflow (docs/trackers.md)."""
+
+    tracking_uri: str  # http(s)://..., or sqlite:///PATH (a relative PATH is the lab's)
+    experiment: str = "nightlab"
+    ui_url: str | None = None  # the MLflow UI the dashboard links to, when the tracking URI is not it
+
+    @property
+    def key(self) -> str:
+        return f"mlflow:{self.tracking_uri}#{self.experiment}"
+
+
+@dataclass(frozen=True)
+class TrackersConfig:
+    """`[trackers]`: the experiment trackers each finished run is logged to (none by default)."""
+
+    wandb: WandbConfig | None = None
+    mlflow: MlflowConfig | None = None
+
+    def __bool__(self) -> bool:
+        return self.wandb is not None or self.mlflow is not None
+
+
+@dataclass(frozen=True)
 class LabConfig:
     target: TargetConfig
     metric: MetricConfig
@@ -122,6 +160,7 @@ class LabConfig:
     search: SearchConfig
     profile: dict[str, Any] | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
+    trackers: TrackersConfig = field(default_factory=TrackersConfig)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -206,7 +245,7 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     Raises:
         ConfigError: naming the first bad or missing key.
     """
-    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile", "agent"})
+    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile", "agent", "trackers"})
     t = _table(doc, "target")
     _no_unknown(t, "target", {"command", "editable", "timeout", "builtin"})
     editable = _get(t, "target", "editable", list)
@@ -375,7 +414,54 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         api_backoff_max_seconds=backoff_max,
         token_prices=(token_prices[0], token_prices[1], token_prices[2]),
     )
-    return LabConfig(target=target, metric=metric, fleet=fleet, search=search, profile=profile, agent=agent)
+    return LabConfig(
+        target=target,
+        metric=metric,
+        fleet=fleet,
+        search=search,
+        profile=profile,
+        agent=agent,
+        trackers=_parse_trackers(_table(doc, "trackers", required=False)),
+    )
+
+
+def _parse_trackers(t: dict) -> TrackersConfig:
+    """`[trackers.wandb]` and `[trackers.mlflow]`; the libraries are imported only when a run is sent."""
+    _no_unknown(t, "trackers", {"wandb", "mlflow"})
+    wandb = mlflow = None
+    if "wandb" in t:
+        w = _table(t, "wandb")
+        _no_unknown(w, "trackers.wandb", {"project", "entity", "mode"})
+        project = _get(w, "trackers.wandb", "project", str)
+        entity = _get(w, "trackers.wandb", "entity", str, None)
+        mode = _get(w, "trackers.wandb", "mode", str, "online")
+        if mode not in ("online", "offline"):
+            raise ConfigError(f"{CONFIG_NAME}: `trackers.wandb.mode` is `{mode}`; use `online` or `offline`")
+        for name, value in (("project", project), ("entity", entity)):
+            # W&B names are path segments of the run's page: no slashes, no blanks
+            if value is not None and not re.fullmatch(r"[\w.\-]{1,128}", value):
+                raise ConfigError(
+                    f"{CONFIG_NAME}: `trackers.wandb.{name}` is `{value!r}`; use letters, digits, `_`, `.`, `-`"
+                )
+        wandb = WandbConfig(project=project, entity=entity, mode=mode)
+    if "mlflow" in t:
+        m = _table(t, "mlflow")
+        _no_unknown(m, "trackers.mlflow", {"tracking_uri", "experiment", "ui_url"})
+        uri = _get(m, "trackers.mlflow", "tracking_uri", str)
+        if not re.match(r"(https?|sqlite|postgresql|mysql|databricks)[+\w]*:", uri):
+            raise ConfigError(
+                f"{CONFIG_NAME}: `trackers.mlflow.tracking_uri` is `{uri}`; use an MLflow server "
+                "(`http://host:5000`) or a local store (`sqlite:///mlflow.db`)"
+            )
+        experiment = _get(m, "trackers.mlflow", "experiment", str, "nightlab")
+        ui_url = _get(m, "trackers.mlflow", "ui_url", str, None)
+        if not experiment.strip() or (ui_url is not None and not re.match(r"https?://", ui_url)):
+            raise ConfigError(
+                f"{CONFIG_NAME}: `trackers.mlflow.experiment` must be a name and `trackers.mlflow.ui_url` "
+                f"an http(s) address, got `{experiment}` and `{ui_url}`"
+            )
+        mlflow = MlflowConfig(tracking_uri=uri, experiment=experiment, ui_url=ui_url)
+    return TrackersConfig(wandb=wandb, mlflow=mlflow)
 
 
 def load_config(path: Path) -> LabConfig:

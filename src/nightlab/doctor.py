@@ -387,6 +387,45 @@ def _check_snapshots(lab: Path, ledger: ReadOnlyLedger) -> list[Check]:
     return out
 
 
+def _check_trackers(config: Any, ledger: ReadOnlyLedger) -> list[Check]:
+    """Each configured experiment tracker: installed, reachable, its backlog (docs/trackers.md)."""
+    from nightlab.ledger import SCHEMA_VERSION
+    from nightlab.trackers import tracker_status
+
+    if config is None or not config.trackers or ledger.schema_version() != SCHEMA_VERSION:
+        return []
+    out = []
+    for t in tracker_status(config, ledger):
+        name, queued = t["tracker"], t["queued"]
+        if not t["installed"]:
+            out.append(
+                Check(
+                    f"tracker {name}",
+                    False,
+                    f"{name} is not installed; {queued} run(s) queued",
+                    f"pip install 'nightlab[{name}]'",
+                )
+            )
+        elif t["error"]:
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(t["failing_since"]))
+            out.append(
+                Check(
+                    f"tracker {name}",
+                    False,
+                    f"{t['destination']} failing since {since} ({t['failures']} tries): {t['error']}; "
+                    f"{queued} run(s) queued, sent when it works",
+                    f"check `[trackers.{name}]` in nightlab.toml, then `nightlab export {name}`",
+                )
+            )
+        else:
+            out.append(
+                Check(
+                    f"tracker {name}", True, f"{t['destination']}: {t['sent']} run(s) sent, {queued} queued"
+                )
+            )
+    return out
+
+
 def _check_backups(lab: Path, config: Any, report: Report) -> list[Check]:
     ledger_path = lab / ".nightlab" / "ledger.db"
     report.backups = backup.list_backups(ledger_path)
@@ -427,6 +466,7 @@ def run_checks(lab: Path, *, torch_check: bool = True) -> Report:
                 for w in ledger.workers()
                 if w.state == "busy" and w.backend == "local"
             )
+            report.checks += _check_trackers(config, ledger)
         except LedgerError as e:
             report.checks.append(Check("ledger", False, str(e), "nightlab doctor --restore"))
         finally:

@@ -146,3 +146,10 @@ def test_the_sql_detector_tells_statements_from_prose():
     assert not _SQL.match("select the best run from the wave")
     assert not _SQL.match("Update the incumbent")
     assert not _SQL.match("delete the lock file")
+
+
+def test_the_fleet_does_not_import_the_trackers():
+    # the controller keeps the trackers' worker running as a command line (`fleet.sidecar`): the
+    # fleet never loads the trackers or their libraries, and a tracker cannot reach its loop
+    assert _reaching("nightlab.fleet", ("nightlab.trackers",)) == []
+    assert _reaching("nightlab.ledger", ("nightlab.trackers",)) == []

@@ -90,7 +90,8 @@ def test_a_v2_ledger_moves_its_search_state_out_of_the_spec(tmp_path):
     # the same ledger as nightlab v2 wrote it: the progress in each wave's spec
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE search_waves")
-    for later in ("agent_run", "agent_sessions"):  # v4's tables (issue 12, the agent's record)
+    # v4's tables (issue 12, the agent's record) and v5's (issue 35, the experiment trackers)
+    for later in ("agent_run", "agent_sessions", "trackers", "tracker_runs"):
         conn.execute(f"DROP TABLE {later}")
     conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     states = {

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "adopt": ("nightlab.cli.adopt", "Make an experiment the incumbent."),
     "cancel": ("nightlab.cli.cancel", "Cancel queued or running experiments."),
     "report": ("nightlab.cli.report", "Write results.tsv and progress.png."),
+    "export": ("nightlab.cli.export", "Send the lab's runs to Weights & Biases or MLflow."),
     "fleet": ("nightlab.cli.fleet", "Start, stop and inspect the fleet controller."),
     "prepare": ("nightlab.cli.prepare", "Download and tokenize the lab's dataset."),
     "tune": ("nightlab.cli.tune", "Measure device settings and commit the fastest."),

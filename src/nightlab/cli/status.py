@@ -3,6 +3,7 @@ from __future__ import annotations
 import click
 
 from nightlab.cli._common import console, duration, emit_json, json_option, say, with_lab
+from nightlab.display import clock
 from nightlab.views import fleet_state
 
 
@@ -50,6 +51,16 @@ def print_state(state: dict) -> None:
         out.print(f"  {q['id']}  {q['tier']:<8} p{q['priority']}  {q['description'][:50]}")
     if len(state["queued"]) > 10:
         out.print(f"  ... and {len(state['queued']) - 10} more")
+    for t in state.get("trackers", []):
+        line = f"tracker {t['tracker']}: {t['sent']} run(s) sent, {t['queued']} queued ({t['destination']})"
+        if not t["installed"]:
+            line += f"; {t['tracker']} is not installed: pip install 'nightlab[{t['tracker']}]'"
+        elif t["error"]:
+            line += (
+                f"; failing since {clock(t['failing_since'])}: {t['error']}; "
+                f"the queued runs are sent when it works (`nightlab doctor`)"
+            )
+        out.print(line)
 
 
 @click.command("status")

@@ -34,6 +34,7 @@ from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, VerdictPolicy,
 from nightlab.fleet.health import HealthWatch
 from nightlab.fleet.local import LocalBackend
 from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
+from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
 from nightlab.ledger import Attempt, Experiment, Ledger
 from nightlab.ledger.integrity import free_bytes
@@ -92,6 +93,7 @@ class Controller:
         idle_interval: float = 0.05,
         watch_config: bool = False,
         cpu_slots: int | None = None,
+        sidecar: Sidecar | None = None,
     ) -> None:
         self.lab_dir = lab_dir
         self.config = config
@@ -127,6 +129,9 @@ class Controller:
         self.watch_config = watch_config
         self.cpu_slots = cpu_slots
         self._config_blob = _config_blob(lab_dir) if watch_config else None
+        # a helper process kept beside the controller (the trackers' worker); it reads the ledger
+        # itself, so nothing of the loop ever waits on it
+        self.sidecar = sidecar
 
     # ------------------------------------------------------------------ life cycle
 
@@ -148,6 +153,8 @@ class Controller:
                     self.health.sample()
                     if self.watch_config:
                         self._follow_config()
+                    if self.sidecar is not None:
+                        self.sidecar.sync(self.config)
                     last_beat = now
                 if self.stopping:
                     break
@@ -233,6 +240,8 @@ class Controller:
         self.ledger.log_event("config-reload", None, slots=len(slots), tiers=config.fleet.tiers)
 
     def _shutdown(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.stop()
         if self.ledger_failed:
             # the controller row stays on purpose: the next CLI call sees a dead controller and
             # starts one, which re-attaches these runs once the ledger can be written again

@@ -125,14 +125,23 @@ def stop(lab_dir: Path, *, timeout: float = 30.0) -> int | None:
         ) from None
 
 
-def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = None) -> int:
+def serve(
+    lab_dir: Path,
+    *,
+    policy: Callable[..., Any],
+    cpu_slots: int | None = None,
+    sidecar: Callable[[Any], list[str] | None] | None = None,
+) -> int:
     """Run the controller in this process while holding the lab's lock. Returns an exit code.
 
     `policy(ledger, config, lab_dir)` makes the verdict policy the controller stores with each
     run's end (`fleet.controller.VerdictPolicy`); the lab's is `nightlab.judge.Judge`.
+    `sidecar(config)`: the command line of a helper process to keep running beside the
+    controller under that config, or None (`fleet.sidecar`); the lab's is the trackers' worker.
     """
     from nightlab.config import load_lab_config
     from nightlab.fleet.controller import Controller, build_slots
+    from nightlab.fleet.sidecar import Sidecar
     from nightlab.ledger import open_ledger
 
     problem = _ledger_problem(lab_dir)
@@ -175,6 +184,9 @@ def serve(lab_dir: Path, *, policy: Callable[..., Any], cpu_slots: int | None = 
                     policy=policy(ledger, config, lab_dir),
                     watch_config=True,
                     cpu_slots=cpu_slots,
+                    sidecar=None
+                    if sidecar is None
+                    else Sidecar(sidecar, lab_dir / ".nightlab" / "trackers.log"),
                 )
                 signal.signal(signal.SIGTERM, controller.request_stop)
                 signal.signal(signal.SIGINT, controller.request_stop)
@@ -238,7 +250,25 @@ def main(argv: list[str] | None = None) -> int:
     # the process's entry point wires the lab's verdict policy in; the fleet modules never import it
     from nightlab.judge import Judge
 
-    return serve(args.lab_dir.resolve(), policy=Judge, cpu_slots=args.cpu_slots)
+    lab_dir = args.lab_dir.resolve()
+    return serve(lab_dir, policy=Judge, cpu_slots=args.cpu_slots, sidecar=_tracker_worker(lab_dir))
+
+
+def _tracker_worker(lab_dir: Path) -> Callable[[Any], list[str] | None]:
+    """The trackers' worker (`python -m nightlab.trackers`) while `[trackers]` is configured.
+
+    A command line, not an import: the fleet never loads the trackers or their libraries. The
+    section's digest in it restarts the worker when a re-committed nightlab.toml changes it.
+    """
+    import hashlib
+
+    def argv(config: Any) -> list[str] | None:
+        if not config.trackers:
+            return None
+        digest = hashlib.sha256(repr(config.trackers).encode()).hexdigest()[:12]
+        return [sys.executable, "-m", "nightlab.trackers", str(lab_dir), digest]
+
+    return argv
 
 
 if __name__ == "__main__":

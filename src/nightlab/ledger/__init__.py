@@ -16,7 +16,7 @@ Contract (what every caller may rely on):
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
 `ExperimentStatus`, `Verdict`, `Outcome`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
 `_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
-(`ReadOnlyLedger`, the dashboard's), `_recover` (what a restore reads from a damaged ledger and writes back). Every SQL statement of nightlab lives in this package.
+(`ReadOnlyLedger`, the dashboard's), `_recover` (what a restore reads from a damaged ledger and writes back), `_trackers` (the experiment trackers' cursor and runs). Every SQL statement of nightlab lives in this package.
 """
 
 from nightlab.ledger._base import BaseLedger
@@ -40,6 +40,7 @@ from nightlab.ledger._rows import (
     Worker,
 )
 from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
+from nightlab.ledger._trackers import TrackerRun, TrackerState
 
 __all__ = [
     "MIGRATIONS",
@@ -61,6 +62,8 @@ __all__ = [
     "Salvage",
     "SearchProgress",
     "Source",
+    "TrackerRun",
+    "TrackerState",
     "Verdict",
     "Wave",
     "Worker",

@@ -38,9 +38,10 @@ from nightlab.ledger._rows import (
     _to_wave,
     _to_worker,
 )
+from nightlab.ledger._trackers import TrackerReads
 
 
-class BaseLedger(ABC):
+class BaseLedger(TrackerReads, ABC):
     """A connection to one lab's ledger database, and its reads.
 
     Contract for implementers: `_connect()` returns the open connection; `_ready()` runs once

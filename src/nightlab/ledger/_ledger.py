@@ -35,9 +35,10 @@ from nightlab.ledger._rows import (
     _to_search_progress,
     _to_wave,
 )
+from nightlab.ledger._trackers import TrackerWrites
 
 
-class Ledger(BaseLedger):
+class Ledger(TrackerWrites, BaseLedger):
     """Read-write connection to one lab's ledger (see `nightlab.ledger` for the contract)."""
 
     def _connect(self) -> sqlite3.Connection:

@@ -6,7 +6,7 @@ A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATI
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
 # append a new one and a test that upgrades a committed ledger of the old version.
@@ -164,5 +164,30 @@ MIGRATIONS: list[str] = [
         stop_reason TEXT
     );
     CREATE TABLE agent_sessions (n INTEGER PRIMARY KEY, data TEXT NOT NULL);
+    """,
+    # v5 (issue 35): experiment trackers (W&B, MLflow). `trackers`: one row per destination, its
+    # cursor over `events` (the outbox: every end, verdict and adoption is an event written in the
+    # transaction that made it), the incumbent points it has, and its current outage; `tracker_runs`:
+    # what each destination holds of each experiment (run id, page, digest of what was sent)
+    """
+    CREATE TABLE trackers (
+        key TEXT PRIMARY KEY,
+        cursor INTEGER NOT NULL DEFAULT 0,
+        incumbent TEXT NOT NULL DEFAULT '{}',
+        failures INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        failing_since REAL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE tracker_runs (
+        tracker TEXT NOT NULL,
+        experiment_id TEXT NOT NULL REFERENCES experiments(id),
+        run_id TEXT NOT NULL,
+        url TEXT,
+        digest TEXT NOT NULL,
+        sent_at REAL NOT NULL,
+        PRIMARY KEY (tracker, experiment_id)
+    );
+    CREATE INDEX tracker_runs_experiment ON tracker_runs(experiment_id);
     """,
 ]

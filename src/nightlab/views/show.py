@@ -42,4 +42,6 @@ def show_payload(
     # a finished run's log deleted by hand (or with its run folder) reads as missing, not as a
     # silent empty tail; a remote run's log may not exist yet while it runs
     data["log_missing"] = e.status.is_finished() and bool(log_path) and not Path(log_path).is_file()
+    # its run in each experiment tracker it was sent to (`url` None where the run has no web page yet)
+    data["trackers"] = [r.to_dict() for r in lab.ledger.tracker_runs(e.id)]
     return data

@@ -52,6 +52,7 @@ def fleet_state(lab: Any) -> dict[str, Any]:
     from nightlab.analysis import fleet_efficiency
     from nightlab.fleet.costs import worker_costs
     from nightlab.ledger import ExperimentStatus
+    from nightlab.trackers import tracker_status
 
     running = lab.ledger.experiments(status=ExperimentStatus.RUNNING, with_metrics=False)
     queued = lab.ledger.experiments(status=ExperimentStatus.QUEUED, with_metrics=False)
@@ -88,4 +89,6 @@ def fleet_state(lab: Any) -> dict[str, Any]:
         "queued": [
             {"id": e.id, "tier": e.tier, "priority": e.priority, "description": e.description} for e in queued
         ],
+        # each configured experiment tracker: runs sent, runs queued, its outage (docs/trackers.md)
+        "trackers": tracker_status(lab.config, lab.ledger),
     }
