@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from labkit import nightlab, wait_until
+
 
 def wandb_runs(lab: Path) -> dict[str, dict[str, Any]]:
     """run id -> {project, group, job_type, name, tags, config, summary, files, history, sends}."""
@@ -87,3 +89,18 @@ def mlflow_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow import MlflowClient
 
     return [(m.step, m.value) for m in MlflowClient(tracking_uri=uri).get_metric_history(run_id, key)]
+
+
+def trackers_state(lab: Path) -> dict[str, dict]:
+    """`nightlab status --json`'s trackers, by name."""
+    state = json.loads(nightlab("status", "--json", cwd=lab).stdout)
+    return {t["tracker"]: t for t in state["trackers"]}
+
+
+def wait_sent(lab: Path, name: str, n: int, timeout: float = 180) -> dict:
+    """Until tracker `name` has sent `n` runs and has none queued; returns its status."""
+    return wait_until(
+        lambda: (t := trackers_state(lab)[name])["sent"] >= n and t["queued"] == 0 and t,
+        timeout=timeout,
+        interval=0.5,
+    )

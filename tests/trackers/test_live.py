@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 
-from readback import mlflow_artifacts, mlflow_history, mlflow_runs, wandb_runs
+from readback import mlflow_artifacts, mlflow_history, mlflow_runs, wait_sent, wandb_runs
 
-from conftest import wait_sent
 from labkit import nightlab, wait_json
 
 TRACKERS = """

@@ -17,9 +17,8 @@ import socket
 import threading
 from pathlib import Path
 
-from readback import mlflow_runs
+from readback import mlflow_runs, trackers_state, wait_sent
 
-from conftest import trackers_state, wait_sent
 from labkit import nightlab, wait_json, wait_until
 from nightlab.config import load_lab_config
 from nightlab.ledger import ExperimentStatus, open_ledger
