@@ -44,6 +44,7 @@ __all__ = [
     "CLIMBMIX_MAX_TRAIN_SHARDS",
     "DATA_FORMAT_VERSION",
     "PROFILES",
+    "SOURCE_VERSIONS",
     "SPECIAL_TOKENS",
     "SPLIT_PATTERN",
     "TOKENIZER_VERSION",
@@ -54,6 +55,7 @@ __all__ = [
     "get_profile",
     "load_lab_profile",
     "parse_dataset",
+    "source_version",
 ]
 
 # ---------------------------------------------------------------------------
@@ -71,6 +73,12 @@ BOS_TOKEN = "<|bos|>"
 SPECIAL_TOKENS = (BOS_TOKEN, "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 TOKENIZER_VERSION = 1  # bump when tokenizer training changes (text sample, rustbpe settings)
 DATA_FORMAT_VERSION = 1  # bump when a source, the demo generator, the split or the cache layout changes
+# A source whose split changed while labs were using it gets a version of its own, so the change
+# reaches only its labs: the version enters the fingerprint (a new data folder: `nightlab prepare`
+# again) and the lab's comparison epoch (`identity.measurement`), so results measured on the old
+# split are never pooled with new ones. demo 2: validation documents drawn from a secret made at
+# prepare, which package code cannot regenerate (issue 30).
+SOURCE_VERSIONS = {"demo": 2}
 
 # Training shards downloaded for plain `climbmix` (autoresearch's default); `climbmix:N` asks for N.
 CLIMBMIX_DEFAULT_SHARDS = 10
@@ -283,8 +291,19 @@ def fingerprint(profile: Profile) -> str:
         "eval_tokens": profile.eval_tokens,
         "tokenizer": [TOKENIZER_VERSION, SPLIT_PATTERN, list(SPECIAL_TOKENS)],
     }
+    if source in SOURCE_VERSIONS:  # only then: every other source keeps its fingerprint
+        identity["source_version"] = SOURCE_VERSIONS[source]
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def source_version(dataset: str) -> int | None:
+    """The dataset's source version (`SOURCE_VERSIONS`), None for a source that never changed its split."""
+    try:
+        source, _ = parse_dataset(dataset)
+    except UsageError:  # an unparsable spec is reported where the profile is loaded, not here
+        return None
+    return SOURCE_VERSIONS.get(source)
 
 
 def data_root() -> Path:

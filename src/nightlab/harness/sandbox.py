@@ -13,8 +13,13 @@ run goes on unsandboxed and is flagged `unsandboxed`.
 
 Inside the sandbox:
 - everything is read-only (`--ro-bind / /`): the installed nightlab package, the lab, its git;
-- the data root is replaced by an empty tmpfs, and only the profile's training files (manifest,
-  tokenizer, train.*) are bound back, read-only; the validation files read as empty;
+- the data root (every profile's data, the raw downloads, the demo corpus's validation secret) is
+  replaced by an empty tmpfs, and only the profile's training files (manifest, tokenizer, train.*)
+  are bound back, read-only; the validation files cannot be read;
+- a `local:` dataset's files and folders (`SandboxPlan.hidden`), resolved through symlinks, are
+  hidden the same way: a folder becomes an empty tmpfs, a file cannot be read; whatever the run
+  needs inside a hidden folder (its Python, the lab) is bound back, read-only, with the corpus
+  files in it still hidden;
 - the lab's `.nightlab/` is an empty tmpfs: no ledger, no other attempt, no supervisor result;
   only this attempt's `work/` (the snapshot) and `handoff/` (where the model goes) are writable;
 - /tmp is private, except the compile caches torch needs (inductor, triton), bound writable, and,
@@ -53,6 +58,9 @@ class SandboxPlan:
         data_root: the folder of every profile's data and raw downloads (hidden entirely).
         lab_dir: the lab; its `.nightlab/` is hidden.
         writable: the folders the run may write (its work and handoff folders), created if missing.
+        caches: compile caches the run may write (`default_caches`).
+        hidden: files and folders the run must not read, whatever path leads there (a `local:`
+            dataset's: `sources.source_paths`).
     """
 
     data_dir: Path
@@ -60,6 +68,7 @@ class SandboxPlan:
     lab_dir: Path
     writable: tuple[Path, ...]
     caches: tuple[Path, ...] = field(default_factory=tuple)
+    hidden: tuple[Path, ...] = field(default_factory=tuple)
 
 
 def default_caches() -> tuple[Path, ...]:
@@ -93,8 +102,8 @@ def available() -> str | None:
     return None
 
 
-def _under_tmp(plan: SandboxPlan) -> list[Path]:
-    """The folders under /tmp the run needs to see: its Python, nightlab's import path, the lab.
+def _needed_inside(plan: SandboxPlan, masked: list[Path]) -> list[Path]:
+    """The folders inside `masked` ones the run needs to see: its Python, nightlab's import path, the lab.
 
     Outermost first and without ones nested in another, so each is one read-only bind.
     """
@@ -103,15 +112,29 @@ def _under_tmp(plan: SandboxPlan) -> list[Path]:
     wanted = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), plan.lab_dir}
     wanted.add(Path(nightlab.__file__).resolve().parent.parent)
     wanted.update(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
-    tmp = Path("/tmp")
     # both spellings: the command names the venv as given, a symlinked folder resolves elsewhere
     both = {form for p in wanted if p.exists() for form in (p.absolute(), p.resolve())}
-    inside = sorted(both - {tmp}, key=lambda p: len(p.parts))
+    inside = sorted(both - set(masked), key=lambda p: len(p.parts))
     chosen: list[Path] = []
     for path in inside:
-        if path.is_relative_to(tmp) and not any(path.is_relative_to(c) for c in chosen):
+        if any(path.is_relative_to(m) for m in masked) and not any(path.is_relative_to(c) for c in chosen):
             chosen.append(path)
     return chosen
+
+
+def _hidden(plan: SandboxPlan) -> tuple[list[Path], list[Path]]:
+    """(folders to mask, outermost only; files to hide) of `plan.hidden`, resolved: no symlink leads around them.
+
+    A file inside a masked folder is kept in the list: `wrap` hides it again when the folder around
+    it is bound back (`_needed_inside`).
+    """
+    resolved = {p.resolve() for p in plan.hidden if p.exists()}
+    folders = sorted((p for p in resolved if p.is_dir()), key=lambda p: len(p.parts))
+    outer: list[Path] = []
+    for folder in folders:
+        if not any(folder.is_relative_to(o) for o in outer):
+            outer.append(folder)
+    return outer, sorted(p for p in resolved if not p.is_dir())
 
 
 def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
@@ -134,12 +157,21 @@ def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
         "/proc",
     ]
     args += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
-    for path in _under_tmp(plan):  # before the hiding binds below, so those still apply inside
+    folders, files = _hidden(plan)
+    for folder in folders:
+        args += ["--tmpfs", str(folder)]
+    masked = [Path("/tmp"), *folders]
+    needed = _needed_inside(plan, masked)
+    for path in needed:  # before the hiding binds below, so those still apply inside
         args += ["--ro-bind", str(path), str(path)]
+    for path in files:  # only where the run can see it: outside every mask, or bound back
+        if not any(path.is_relative_to(m) for m in masked) or any(path.is_relative_to(n) for n in needed):
+            args += ["--ro-bind", "/dev/null", str(path)]
     for cache in plan.caches:
         cache.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(cache), str(cache)]
-    for hidden in {plan.data_root, plan.data_dir.parent}:
+    # resolved: a data root reached through a symlink is hidden where it really is
+    for hidden in {plan.data_root.resolve(), plan.data_dir.parent.resolve()}:
         if hidden.exists():
             args += ["--tmpfs", str(hidden)]
     for name in _TRAIN_FILES:
