@@ -54,20 +54,20 @@ def test_a_python_and_a_lab_under_tmp_stay_visible_and_the_hidden_stays_hidden(t
 def test_a_local_corpus_is_hidden_by_every_path_and_what_the_run_needs_inside_it_stays(tmp_path, monkeypatch):
     """`SandboxPlan.hidden` masks a `local:` folder where it really is, and its symlinked files too.
 
-    The run's Python lives inside the corpus folder here, and a corpus file inside the lab: both
-    are bound back for the run, with the corpus files in them still unreadable.
+    The corpus folder lies inside the lab (bound back for the run), the run's Python inside the
+    corpus folder, and a corpus file inside that Python's folder: each level is what it should be.
     """
     from nightlab.harness.sources import source_paths
 
     plan = _plan(tmp_path)
-    corpus = tmp_path / "corpus"
+    corpus = plan.lab_dir / "corpus"
     (corpus / "venv").mkdir(parents=True)
     (corpus / "a.txt").write_text("corpus text\n")
     (corpus / "venv" / "marker").write_text("interpreter\n")
     (corpus / "venv" / "extra.txt").write_text("corpus text in the venv\n")
-    (plan.lab_dir / "data").mkdir()
-    (plan.lab_dir / "data" / "real.txt").write_text("corpus text in the lab\n")
-    (corpus / "linked.txt").symlink_to(plan.lab_dir / "data" / "real.txt")
+    (plan.lab_dir / "outside").mkdir()
+    (plan.lab_dir / "outside" / "real.txt").write_text("corpus text elsewhere in the lab\n")
+    (corpus / "linked.txt").symlink_to(plan.lab_dir / "outside" / "real.txt")
     (tmp_path / "alias").symlink_to(corpus)
     monkeypatch.setattr(sys, "prefix", str(corpus / "venv"))
     plan = dataclasses.replace(plan, hidden=source_paths(f"local:{tmp_path / 'alias'}"))
@@ -77,7 +77,7 @@ def test_a_local_corpus_is_hidden_by_every_path_and_what_the_run_needs_inside_it
         corpus / "a.txt",
         tmp_path / "alias" / "a.txt",
         corpus / "venv" / "extra.txt",
-        plan.lab_dir / "data" / "real.txt",
+        plan.lab_dir / "outside" / "real.txt",
     ]
     script = "; ".join(f"cat {p} 2>/dev/null || echo -" for p in paths)
     argv, mode = sandbox.wrap(["/bin/sh", "-c", script], plan=plan)

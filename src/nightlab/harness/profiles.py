@@ -43,6 +43,7 @@ __all__ = [
     "CLIMBMIX_DEFAULT_SHARDS",
     "CLIMBMIX_MAX_TRAIN_SHARDS",
     "DATA_FORMAT_VERSION",
+    "DATA_ROOT_ENV",
     "PROFILES",
     "SOURCE_VERSIONS",
     "SPECIAL_TOKENS",
@@ -79,6 +80,7 @@ DATA_FORMAT_VERSION = 1  # bump when a source, the demo generator, the split or 
 # split are never pooled with new ones. demo 2: validation documents drawn from a secret made at
 # prepare, which package code cannot regenerate (issue 30).
 SOURCE_VERSIONS = {"demo": 2}
+DATA_ROOT_ENV = "NIGHTLAB_DATA_DIR"  # where every profile's data lives (`data_root`)
 
 # Training shards downloaded for plain `climbmix` (autoresearch's default); `climbmix:N` asks for N.
 CLIMBMIX_DEFAULT_SHARDS = 10
@@ -308,7 +310,7 @@ def source_version(dataset: str) -> int | None:
 
 def data_root() -> Path:
     """`$NIGHTLAB_DATA_DIR`, else `~/.cache/nightlab/data`: the parent of every profile's data directory."""
-    env = os.environ.get("NIGHTLAB_DATA_DIR")
+    env = os.environ.get(DATA_ROOT_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "nightlab" / "data"
 
 

@@ -42,6 +42,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nightlab.harness.profiles import DATA_ROOT_ENV
+
 __all__ = ["INSTALL_HINT", "SandboxPlan", "available", "wrap"]
 
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`) to sandbox runs"
@@ -54,7 +56,8 @@ class SandboxPlan:
     """What one attempt's sandbox exposes.
 
     Attributes:
-        data_dir: the profile's prepared data (training files exposed, validation hidden).
+        data_dir: the profile's prepared data, `data_root / fingerprint` (training files exposed,
+            validation hidden).
         data_root: the folder of every profile's data and raw downloads (hidden entirely).
         lab_dir: the lab; its `.nightlab/` is hidden.
         writable: the folders the run may write (its work and handoff folders), created if missing.
@@ -102,10 +105,10 @@ def available() -> str | None:
     return None
 
 
-def _needed_inside(plan: SandboxPlan, masked: list[Path]) -> list[Path]:
-    """The folders inside `masked` ones the run needs to see: its Python, nightlab's import path, the lab.
+def _needed_inside(plan: SandboxPlan, masks: list[Path]) -> list[Path]:
+    """The folders inside `masks` the run needs to see: its Python, nightlab's import path, the lab.
 
-    Outermost first and without ones nested in another, so each is one read-only bind.
+    Nested ones are kept: a hidden folder may lie between them (a venv inside a corpus inside the lab).
     """
     import nightlab
 
@@ -114,27 +117,26 @@ def _needed_inside(plan: SandboxPlan, masked: list[Path]) -> list[Path]:
     wanted.update(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
     # both spellings: the command names the venv as given, a symlinked folder resolves elsewhere
     both = {form for p in wanted if p.exists() for form in (p.absolute(), p.resolve())}
-    inside = sorted(both - set(masked), key=lambda p: len(p.parts))
-    chosen: list[Path] = []
-    for path in inside:
-        if any(path.is_relative_to(m) for m in masked) and not any(path.is_relative_to(c) for c in chosen):
-            chosen.append(path)
-    return chosen
+    return sorted(p for p in both - set(masks) if any(p.is_relative_to(m) for m in masks))
 
 
-def _hidden(plan: SandboxPlan) -> tuple[list[Path], list[Path]]:
-    """(folders to mask, outermost only; files to hide) of `plan.hidden`, resolved: no symlink leads around them.
+def _hiding_mounts(plan: SandboxPlan) -> list[str]:
+    """bwrap's mounts for the private /tmp and `plan.hidden`, with what the run needs bound back.
 
-    A file inside a masked folder is kept in the list: `wrap` hides it again when the folder around
-    it is bound back (`_needed_inside`).
+    Hidden paths are resolved, so no symlink leads around them. A folder becomes an empty tmpfs, a
+    file `/dev/null` (unreadable: a device on a nodev mount), the latter only where the run could
+    see it otherwise. The mounts go shallowest first, so the deepest one decides what the run sees
+    at any path: a corpus folder inside the lab stays hidden though the lab is bound back.
     """
     resolved = {p.resolve() for p in plan.hidden if p.exists()}
-    folders = sorted((p for p in resolved if p.is_dir()), key=lambda p: len(p.parts))
-    outer: list[Path] = []
-    for folder in folders:
-        if not any(folder.is_relative_to(o) for o in outer):
-            outer.append(folder)
-    return outer, sorted(p for p in resolved if not p.is_dir())
+    masks = [Path("/tmp"), *(p for p in resolved if p.is_dir())]
+    needed = _needed_inside(plan, masks)
+    mounts = [(p, ["--tmpfs", str(p)]) for p in masks] + [(p, ["--ro-bind", str(p), str(p)]) for p in needed]
+    for file in sorted(resolved - set(masks)):
+        around = [a for a in (*masks, *needed) if file.is_relative_to(a)]
+        if not around or max(around, key=lambda a: len(a.parts)) in needed:
+            mounts.append((file, ["--ro-bind", "/dev/null", str(file)]))
+    return [arg for _, mount in sorted(mounts, key=lambda m: len(m[0].parts)) for arg in mount]
 
 
 def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
@@ -156,31 +158,27 @@ def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
         "--proc",
         "/proc",
     ]
-    args += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
-    folders, files = _hidden(plan)
-    for folder in folders:
-        args += ["--tmpfs", str(folder)]
-    masked = [Path("/tmp"), *folders]
-    needed = _needed_inside(plan, masked)
-    for path in needed:  # before the hiding binds below, so those still apply inside
-        args += ["--ro-bind", str(path), str(path)]
-    for path in files:  # only where the run can see it: outside every mask, or bound back
-        if not any(path.is_relative_to(m) for m in masked) or any(path.is_relative_to(n) for n in needed):
-            args += ["--ro-bind", "/dev/null", str(path)]
+    args += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+    args += _hiding_mounts(plan)  # before the data root's and the lab's mounts below, so those still apply
     for cache in plan.caches:
         cache.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(cache), str(cache)]
-    # resolved: a data root reached through a symlink is hidden where it really is
-    for hidden in {plan.data_root.resolve(), plan.data_dir.parent.resolve()}:
+    # Resolved: bwrap cannot mount over a destination reached through an absolute symlink (it resolves
+    # it outside the sandbox's new root: "Can't mount tmpfs ... No such file or directory"), so a data
+    # root named through one stopped every run. The run is told the real path, so it needs no symlink
+    # inside (one under the private /tmp would be gone).
+    data_dir = plan.data_dir.resolve()
+    args += ["--setenv", DATA_ROOT_ENV, str(plan.data_root.resolve())]
+    for hidden in {plan.data_root.resolve(), data_dir.parent}:
         if hidden.exists():
             args += ["--tmpfs", str(hidden)]
     for name in _TRAIN_FILES:
-        path = plan.data_dir / name
+        path = data_dir / name
         if path.exists():
             args += ["--ro-bind", str(path), str(path)]
-    for name in _HIDDEN_FILES:  # present but empty: the loader says "truncated", nothing leaks
-        if (plan.data_dir / name).exists():  # bwrap cannot create a mount point in the read-only root
-            args += ["--ro-bind", "/dev/null", str(plan.data_dir / name)]
+    for name in _HIDDEN_FILES:  # present but unreadable: the loader fails, nothing leaks
+        if (data_dir / name).exists():  # bwrap cannot create a mount point in the read-only root
+            args += ["--ro-bind", "/dev/null", str(data_dir / name)]
     nightlab_dir = plan.lab_dir / ".nightlab"
     if nightlab_dir.exists():
         args += ["--tmpfs", str(nightlab_dir)]
