@@ -9,7 +9,8 @@ tree of the whole commit. The whole tree holds the lab's paperwork too, `nightla
             the editable files always count, whatever their name
     command the target's command line (it is what runs)
     epoch   `epoch_key`: the measurement setup, i.e. the profile (budget, data, eval tokens...),
-            the metric and its direction, and the hard timeout
+            the metric and its direction, the hard timeout, and the dataset's source version
+            when its split changed while labs used it (`profiles.SOURCE_VERSIONS`)
 
 Paperwork (never run): `nightlab.toml`, Markdown files (`program.md`, `program.nightlab.md`,
 READMEs), `.gitignore`, and the `notes/`, `.claude/` and `.agents/` folders.
@@ -36,6 +37,7 @@ from typing import Any
 from nightlab import snapshots
 from nightlab.config import CONFIG_NAME, LabConfig, parse_config, tomllib
 from nightlab.errors import ConfigError, NightlabError
+from nightlab.harness.profiles import source_version
 
 PAPERWORK_FILES = (CONFIG_NAME, ".gitignore")
 PAPERWORK_DIRS = ("notes/", ".claude/", ".agents/")
@@ -44,13 +46,21 @@ SCHEME = "files+epoch-v1"
 
 
 def measurement(config: LabConfig) -> dict[str, Any]:
-    """What decides how a result is measured; a change of any of it starts a new epoch."""
-    return {
+    """What decides how a result is measured; a change of any of it starts a new epoch.
+
+    A dataset whose source changed its split since (`profiles.SOURCE_VERSIONS`) adds its version,
+    so its labs start a new epoch and every other lab keeps its key.
+    """
+    out: dict[str, Any] = {
         "profile": config.profile,
         "metric": config.metric.name,
         "direction": config.metric.direction,
         "timeout": config.target.timeout,
     }
+    version = source_version(str(config.profile.get("dataset", ""))) if config.profile else None
+    if version is not None:
+        out["source_version"] = version
+    return out
 
 
 def epoch_key(config: LabConfig) -> str:

@@ -96,3 +96,23 @@ def subprocess_tree(lab, commit_hash: str) -> str:
     return subprocess.run(
         ["git", "rev-parse", f"{commit_hash}^{{tree}}"], cwd=lab, capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def test_a_changed_source_split_starts_an_epoch_for_its_labs_only():
+    """demo's validation split changed (issue 30): its labs' epoch moves, no other lab's key does."""
+    from types import SimpleNamespace
+
+    from nightlab.harness.profiles import SOURCE_VERSIONS, get_profile
+
+    def config(profile):
+        return SimpleNamespace(
+            profile=profile,
+            metric=SimpleNamespace(name="val_bpb", direction="lower"),
+            target=SimpleNamespace(timeout=600.0),
+        )
+
+    demo = identity.measurement(config(get_profile("cpu").to_dict()))
+    assert demo["source_version"] == SOURCE_VERSIONS["demo"]
+    for profile in (get_profile("cpu", dataset="tinystories").to_dict(), None):
+        # the keys measurement() had before: the epoch of every other lab is unchanged
+        assert set(identity.measurement(config(profile))) == {"profile", "metric", "direction", "timeout"}

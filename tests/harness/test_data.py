@@ -20,7 +20,7 @@ from nightlab.harness.data import prepare
 from nightlab.harness.demo import demo_documents
 from nightlab.harness.loader import train_batches
 from nightlab.harness.profiles import PROFILES, Profile, get_profile
-from nightlab.harness.sources import CLIMBMIX_REPO, TINYSTORIES_REPO, is_local_val, open_source
+from nightlab.harness.sources import CLIMBMIX_REPO, TINYSTORIES_REPO, is_local_val, open_source, source_paths
 from nightlab.harness.tokenizer import Tokenizer
 
 DOCS = demo_documents()[:600]
@@ -66,6 +66,21 @@ def test_local_sources_and_split(tmp_path: Path):
     assert val == [d for d in expected if is_local_val(d)] and 30 < len(val) < 100
     files = load_manifest(data)["source"]["files"]
     assert [Path(f).name for f, _ in files] == ["a.txt", "b.jsonl", "c.parquet"]
+
+
+def test_source_paths_name_every_file_a_local_split_is_read_from(tmp_path: Path):
+    """What the sandbox hides (`SandboxPlan.hidden`): the named path and each file prepare reads."""
+    write_local(tmp_path / "texts")
+    (tmp_path / "outside.txt").write_text(DOCS[0])
+    (tmp_path / "texts" / "linked.txt").symlink_to(tmp_path / "outside.txt")
+    root = tmp_path / "texts"
+    assert source_paths(f"local:{root}") == (
+        root,
+        *(root / n for n in ("a.txt", "b.jsonl", "c.parquet", "linked.txt")),
+    )
+    assert source_paths(f"local:{root / 'a.txt'}") == (root / "a.txt", root / "a.txt")
+    assert source_paths(f"local:{tmp_path / 'gone'}") == ()  # removed since prepare: nothing to hide
+    assert source_paths("demo") == source_paths("tinystories") == ()  # in the data root, or generated
 
 
 def test_local_split_depends_on_text_only(tmp_path: Path):

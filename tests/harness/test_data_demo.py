@@ -2,7 +2,9 @@
 
 The pinned sha256 guards "identical bytes on every machine and Python version": the
 generator uses only integer arithmetic and its own PCG32. If you change the generator on
-purpose, bump `profiles.DATA_FORMAT_VERSION` and update the hash.
+purpose, bump `profiles.SOURCE_VERSIONS["demo"]` and update the hash. The validation stories
+are drawn from the data folder's secret, so they are not pinned: that the package cannot
+regenerate them is what is tested.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 from nightlab.harness.cache import DataMismatchError, load_manifest, open_split
 from nightlab.harness.data import prepare
-from nightlab.harness.demo import DEMO_DOCS, demo_documents
+from nightlab.harness.demo import DEMO_DOCS, DEMO_VAL_EVERY, demo_documents, demo_validation
 from nightlab.harness.profiles import fingerprint, get_profile
 from nightlab.harness.sources import open_source
 from nightlab.harness.tokenizer import Tokenizer
@@ -30,7 +32,6 @@ DEMO_SHA256 = "61ee3c56bec014cc662b6c446de33bbbd23ff67a24cbc90f8ccc52649ff8e66b"
 CPU_CACHE_SHA256 = {
     "tokenizer.tiktoken": "510f94f7dc7f9191849f13a34a0aee4faabb9f5747ae68bf941d0dafa2d0ed4a",
     "train.tokens.bin": "a561850ff32d4b27dd23c87e29cf1e33c0a08ee09f1d6954f26ab677adfb6956",
-    "val.tokens.bin": "ccc6ae0b3816e11b89c85bb7b986b9a501696850dca6e670326661c5e6374d49",
 }
 
 
@@ -86,18 +87,25 @@ def test_counting_sentences_agree(docs: list[str]):
         assert listed.split(", ") == numbers[1 : numbers.index(word) + 1]
 
 
-def test_split_is_disjoint_and_fixed(tmp_path: Path):
-    corpus = open_source("demo", tmp_path)
+def test_validation_stories_come_from_the_secret_and_not_from_the_package(tmp_path: Path, docs: list[str]):
+    """Training is the generated stream minus every tenth story; validation cannot be regenerated from code."""
+    corpus = open_source("demo", tmp_path, val_secret=b"s" * 32)
     train, val = list(corpus.train()), list(corpus.val())
     assert len(val) == DEMO_DOCS // 10 and len(train) + len(val) == DEMO_DOCS
-    assert not set(train) & set(val)
+    assert train == [d for i, d in enumerate(docs) if i % DEMO_VAL_EVERY != DEMO_VAL_EVERY - 1]
+    assert not set(val) & set(docs)  # not one validation story is among those the package generates
+    assert val == demo_validation(b"s" * 32) != demo_validation(b"t" * 32)
+    assert re.match(r"Story 9: The \w+ \w+\n\n", val[0])  # numbered like the stories they replace
+    fresh = open_source("demo", tmp_path)  # no secret given: a fresh one, never the same stories
+    assert not set(fresh.val()) & set(val)
 
 
 def test_prepared_cache(cpu_data: Path, docs: list[str]):
     manifest = load_manifest(cpu_data, profile=get_profile("cpu"))
     assert manifest["fingerprint"] == fingerprint(get_profile("cpu")) == cpu_data.name
     tok = Tokenizer.load(cpu_data)
-    for split, first in (("train", docs[0]), ("val", docs[9])):
+    val_first = demo_validation((cpu_data / "val.secret").read_bytes())[0]
+    for split, first in (("train", docs[0]), ("val", val_first)):
         cache = open_split(cpu_data, split)
         assert cache.tokens.dtype == np.uint16
         assert cache.n_docs == manifest["splits"][split]["docs"]
@@ -127,12 +135,16 @@ def test_demo_is_learnable(cpu_data: Path):
     assert bi_bits < 0.6 * uni_bits, (uni_bits, bi_bits)
 
 
-def test_prepare_is_idempotent(tmp_path: Path):
+def test_prepare_is_idempotent(tmp_path: Path, cpu_data: Path):
     profile = get_profile("cpu")
     out = tmp_path / "d"
     t0 = time.perf_counter()
     prepare(profile, data_dir=out, progress=False, workers=2)
     assert time.perf_counter() - t0 < 60
+    # a folder of its own, a secret of its own: the same training data, other validation stories
+    assert (out / "val.secret").read_bytes() != (cpu_data / "val.secret").read_bytes()
+    assert (out / "val.tokens.bin").read_bytes() != (cpu_data / "val.tokens.bin").read_bytes()
+    assert (out / "train.tokens.bin").read_bytes() == (cpu_data / "train.tokens.bin").read_bytes()
     stamp = (out / "manifest.json").stat().st_mtime_ns
     t0 = time.perf_counter()
     assert prepare(profile, data_dir=out, progress=False) == out
@@ -142,7 +154,7 @@ def test_prepare_is_idempotent(tmp_path: Path):
 def test_prepare_resumes_after_interruption(cpu_data: Path, tmp_path: Path):
     out = tmp_path / "d"
     out.mkdir()
-    for f in ("tokenizer.tiktoken", "train.tokens.bin", "train.offsets.bin", "train.json"):
+    for f in ("tokenizer.tiktoken", "train.tokens.bin", "train.offsets.bin", "train.json", "val.secret"):
         (out / f).write_bytes((cpu_data / f).read_bytes())
     (out / "val.tokens.bin.tmp").write_bytes(b"half a file")  # where an interrupted run stopped
     stamp = (out / "train.tokens.bin").stat().st_mtime_ns

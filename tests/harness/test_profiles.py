@@ -12,11 +12,13 @@ import pytest
 from nightlab.errors import ConfigError, NotALabError, UsageError
 from nightlab.harness.profiles import (
     PROFILES,
+    SOURCE_VERSIONS,
     Profile,
     data_dir,
     fingerprint,
     get_profile,
     load_lab_profile,
+    source_version,
 )
 
 
@@ -112,6 +114,16 @@ def test_fingerprint_covers_what_decides_the_tokens():
     for change in ({"budget_seconds": 99.0}, {"name": "mine"}, {"train_defaults": {"DEPTH": "6"}}):
         assert fingerprint(dataclasses.replace(base, **change)) == fp, change
     assert fingerprint(get_profile("h100", dataset="climbmix:10")) == fingerprint(PROFILES["h100"])
+
+
+def test_a_source_version_moves_only_its_own_labs():
+    """demo's split changed (issue 30): its fingerprint and epoch move, every other source's stay put."""
+    # the fingerprints before SOURCE_VERSIONS existed: other labs keep their data folders
+    before = {"demo": "864e63dd6f45cd0c", "tinystories": "9f815c77cb5530a7", "local:/x/y": "bc6cf4432aec5961"}
+    now = {d: fingerprint(get_profile("cpu", dataset=d)) for d in before}
+    assert now["demo"] != before["demo"]
+    assert {d: f for d, f in now.items() if d != "demo"} == {d: f for d, f in before.items() if d != "demo"}
+    assert source_version("demo") == SOURCE_VERSIONS["demo"] and source_version("tinystories") is None
 
 
 def test_data_dir_uses_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

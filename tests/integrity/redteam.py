@@ -7,16 +7,21 @@ and then makes of its exit code, log and `score.json` what the controller's `_re
 (`runner.classify`, then `owned.apply_score`). A tiny profile (demo data, 64-token rows, a 2 s
 budget, 4 steps) keeps each attack to one short run. Every process a test starts is killed by its
 process-group id when the test ends, pass or fail.
+
+`local_labs` adds two labs on `local:` datasets (a file; a folder named through a symlink, holding a
+symlink to a file elsewhere), each corpus kept inside its lab, which the sandbox shows the run:
+without the hiding of `SandboxPlan.hidden` every byte of it would be readable there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ import pytest
 from nightlab.fleet.runner import classify, read_tail
 from nightlab.harness.attempt import ISOLATED
 from nightlab.harness.data import prepare
+from nightlab.harness.demo import demo_documents
 from nightlab.harness.owned import apply_score, read_score
 from nightlab.harness.profiles import Profile, fingerprint
 from nightlab.harness.sandbox import available
@@ -69,18 +75,55 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prepare(PROFILE, data_dir=root / fingerprint(PROFILE), progress=False)
     (root / "downloads").mkdir(exist_ok=True)
     (root / "downloads" / "raw-val.txt").write_text("raw validation text a run must not read\n")
+    (root / "downloads" / "tinystories").mkdir()
+    (root / "downloads" / "tinystories" / "TinyStoriesV2-GPT4-valid.txt").write_text("Once upon a time.\n")
     return root
 
 
-def _lab(folder: Path) -> Path:
+def _lab(folder: Path, profile: Profile = PROFILE) -> Path:
     toml = "\n".join(
         f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
-        for k, v in PROFILE.to_dict().items()
+        for k, v in profile.to_dict().items()
         if k != "train_defaults"
     )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "nightlab.toml").write_text("[profile]\n" + toml + "\n")
     return folder
+
+
+@dataclass(frozen=True)
+class LocalLab:
+    """A lab on a `local:` dataset whose files lie inside the lab (prepared into `data_root`)."""
+
+    lab: Path
+    profile: Profile
+
+
+@pytest.fixture(scope="session")
+def local_labs(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> dict[str, LocalLab]:
+    """`file`: `local:LAB/corpus.txt`; `folder`: `local:LAB/data-link`, a symlink to `LAB/data/`, whose
+    `part2.jsonl` is a symlink to `LAB/extra/part2.jsonl`."""
+    docs = demo_documents()[:2000]
+    base = tmp_path_factory.mktemp("local-labs")
+    file_lab, folder_lab = base / "file-lab", base / "folder-lab"
+    (file_lab).mkdir()
+    (file_lab / "corpus.txt").write_text("<|endoftext|>".join(docs))
+    for sub in ("data", "extra"):
+        (folder_lab / sub).mkdir(parents=True)
+    (folder_lab / "data" / "part1.txt").write_text("<|endoftext|>".join(docs[:1200]))
+    (folder_lab / "extra" / "part2.jsonl").write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in docs[1200:])
+    )
+    (folder_lab / "data" / "part2.jsonl").symlink_to(folder_lab / "extra" / "part2.jsonl")
+    (folder_lab / "data-link").symlink_to(folder_lab / "data")
+    labs = {
+        "file": LocalLab(file_lab, replace(PROFILE, dataset=f"local:{file_lab / 'corpus.txt'}")),
+        "folder": LocalLab(folder_lab, replace(PROFILE, dataset=f"local:{folder_lab / 'data-link'}")),
+    }
+    for lab in labs.values():
+        prepare(lab.profile, data_dir=data_root / fingerprint(lab.profile), progress=False)
+        _lab(lab.lab, lab.profile)
+    return labs
 
 
 def run_attempt(
@@ -92,10 +135,13 @@ def run_attempt(
     env: dict[str, str] | None = None,
     sandbox: bool = True,
     timeout: float = 240,
+    local: LocalLab | None = None,
 ) -> Recorded:
-    """Lay out one attempt under `base`, supervise it, and record it as the controller would."""
-    lab = _lab(base / f"lab{len(started)}")
-    run_dir = lab / ".nightlab" / "runs" / "e0001" / "attempt-1"
+    """Lay out one attempt under `base` (or in the `local` lab), supervise it, and record it as the controller would."""
+    profile = local.profile if local else PROFILE
+    lab = local.lab if local else _lab(base / f"lab{len(started)}")
+    runs = lab / ".nightlab" / "runs"  # a local lab is shared by its tests: a new experiment folder each
+    run_dir = runs / f"e{len(list(runs.glob('e*'))) + 1:04d}" / "attempt-1"
     work = run_dir / "work"
     work.mkdir(parents=True)
     (work / "train.py").write_text(source)
@@ -126,7 +172,7 @@ def run_attempt(
         finally:
             kill_group(proc.pid)
     tail = read_tail(log_path)
-    result = classify(code, tail, metric="val_bpb", expected_fingerprint=fingerprint(PROFILE))
+    result = classify(code, tail, metric="val_bpb", expected_fingerprint=fingerprint(profile))
     outcome, detail, metrics = apply_score(
         result.outcome, result.detail, result.metrics, read_score(run_dir), metric="val_bpb"
     )
@@ -164,6 +210,27 @@ def honest(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Recorde
             kill_group(pid)
     assert result.outcome == "ok", result.log[-3000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def honest_local(tmp_path_factory: pytest.TempPathFactory, data_root: Path, local_labs: dict[str, LocalLab]):
+    """Factory: `honest_local(name)` -> the template's recorded result in that local lab (run once)."""
+    done: dict[str, Recorded] = {}
+
+    def get(name: str) -> Recorded:
+        if name not in done:
+            started: list[int] = []
+            try:
+                done[name] = run_attempt(
+                    tmp_path_factory.mktemp("honest"), data_root, template(), started, local=local_labs[name]
+                )
+            finally:
+                for pid in started:
+                    kill_group(pid)
+            assert done[name].outcome == "ok", done[name].log[-3000:]
+        return done[name]
+
+    return get
 
 
 def wait_for(predicate, timeout: float) -> bool:

@@ -135,6 +135,7 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     from nightlab.harness.handoff import HANDOFF_ENV, HANDOFF_META, MODEL_FILE
     from nightlab.harness.profiles import data_dir, data_root, load_lab_profile
     from nightlab.harness.scorer import UnscorableModelError, score, write_json
+    from nightlab.harness.sources import source_paths
 
     run_dir = run_dir.resolve()
     lab_dir = lab_dir.resolve()
@@ -156,6 +157,7 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         lab_dir=lab_dir,
         writable=(Path.cwd().resolve(), handoff),
         caches=sandbox.default_caches(),
+        hidden=source_paths(profile.dataset),
     )
     argv, mode = sandbox.wrap(["/bin/sh", "-c", command], plan=plan)
     env = {k: v for k, v in os.environ.items() if k != HARNESS_DIGESTS_ENV}

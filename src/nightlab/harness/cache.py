@@ -10,6 +10,9 @@ run spends its budget re-tokenizing text every run shares. Layout of one data di
     train.offsets.bin     int64 [n_docs + 1]: document i is tokens[offsets[i]:offsets[i + 1]]
     val.tokens.bin        the same for the validation split
     val.offsets.bin
+    val.secret            `demo` only: 32 random bytes the validation stories are drawn from
+
+The sandbox shows a run only the manifest, the tokenizer and the `train.*` files of this folder.
 
 Token ids are uint16 when the vocab fits (every built-in profile: 2 bytes a token, the
 h100 cache of 10 climbmix shards is ~1 GB) and uint32 otherwise; both are little-endian raw
@@ -24,16 +27,18 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from nightlab.errors import NightlabError
 from nightlab.harness.profiles import Profile, fingerprint
 
+if TYPE_CHECKING:  # numpy is imported where a split is opened: the supervisor imports this module
+    import numpy as np  # before every run (`sources.source_paths`), and numpy costs it ~0.1 s
+
 __all__ = [
     "MANIFEST_NAME",
     "TOKENIZER_NAME",
+    "VAL_SECRET_NAME",
     "DataError",
     "DataMismatchError",
     "DataNotPreparedError",
@@ -46,6 +51,7 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_NAME = "tokenizer.tiktoken"
+VAL_SECRET_NAME = "val.secret"
 SPLITS = ("train", "val")
 
 
@@ -149,6 +155,8 @@ def open_split(data_dir: Path, split: str, manifest: dict[str, Any] | None = Non
         DataNotPreparedError: when the data directory was never prepared.
         DataError: when a file is missing, truncated or inconsistent.
     """
+    import numpy as np
+
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     manifest = manifest or load_manifest(data_dir)

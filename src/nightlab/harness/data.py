@@ -13,7 +13,9 @@ where it stopped, and a finished one returns at once):
 5. write `manifest.json` last, atomically: from then on the directory counts as prepared.
 
 The validation split never reaches training: the tokenizer and the training cache read
-only `Corpus.train()`, and every source's split is fixed by the source itself.
+only `Corpus.train()`, and every source's split is fixed by the source itself. The `demo`
+validation stories are drawn from `val.secret`, made here on first use (`os.urandom`) and kept
+in the data folder, which the sandbox hides: package code alone cannot regenerate them.
 
 Usage:
     from nightlab.harness import data, profiles
@@ -37,6 +39,7 @@ import numpy as np
 from nightlab.harness.cache import (
     MANIFEST_NAME,
     TOKENIZER_NAME,
+    VAL_SECRET_NAME,
     DataError,
     DataMismatchError,
     DataNotPreparedError,
@@ -201,6 +204,16 @@ def _split_entry(out: Path, split: str) -> dict[str, Any] | None:
     return entry if sizes_ok else None
 
 
+def _val_secret(out: Path, dataset: str) -> bytes | None:
+    """The data folder's validation secret (`demo` only), made on first use and kept for a resumed prepare."""
+    if parse_dataset(dataset)[0] != "demo":
+        return None
+    path = out / VAL_SECRET_NAME
+    if not path.exists():
+        atomic_write_bytes(path, os.urandom(32))
+    return path.read_bytes()
+
+
 def _check_local_unchanged(manifest: dict[str, Any], profile: Profile) -> None:
     source, arg = parse_dataset(profile.dataset)
     if source != "local":
@@ -246,7 +259,13 @@ def prepare(
             return out
         started = time.time()
         with _reporter(progress) as reporter:
-            corpus = open_source(profile.dataset, out.parent / "downloads", workers=workers, report=reporter)
+            corpus = open_source(
+                profile.dataset,
+                out.parent / "downloads",
+                workers=workers,
+                report=reporter,
+                val_secret=_val_secret(out, profile.dataset),
+            )
 
             if (out / TOKENIZER_NAME).exists():
                 tok = Tokenizer(read_ranks(out / TOKENIZER_NAME))

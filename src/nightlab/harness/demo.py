@@ -14,7 +14,13 @@ Bytes are identical on every machine and Python version: the only randomness is 
 written out below (integer arithmetic only; `random`'s algorithms are not a stable
 contract), choices use integer weights, and no set or hash order is involved. The corpus
 is ~5 MB, made in about a second; `tests/harness/test_data_demo.py` pins its sha256.
-Changing anything here changes the data: bump `profiles.DATA_FORMAT_VERSION` with it.
+Changing anything here changes the data: bump `profiles.SOURCE_VERSIONS["demo"]` with it.
+
+The validation stories are the one exception (`demo_validation`): drawn the same way, but from
+a PCG32 seeded with a secret `prepare` makes (`os.urandom`) and keeps in the data folder, which
+the sandbox hides. This package's code alone can regenerate every training story, and none of
+the validation ones, so a `train.py` cannot train on the text it is scored on. Each data folder
+(each machine) has its own validation stories: same distribution, not the same rows.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-__all__ = ["DEMO_DOCS", "DEMO_VAL_EVERY", "demo_documents"]
+__all__ = ["DEMO_DOCS", "DEMO_VAL_EVERY", "demo_documents", "demo_validation"]
 
 DEMO_DOCS = 6000  # ~5 MB of text: ~1.2 M tokens at the cpu profile's vocab of 1024
-DEMO_VAL_EVERY = 10  # document i is validation data when i % 10 == 9: 10% of the corpus
+# document i % 10 == 9 of the generated stream is left out of training and a secret story takes its
+# place in validation: 10% of the corpus (the left-out ones were validation before issue 30)
+DEMO_VAL_EVERY = 10
 DEMO_SEED = 20260301
 
 _MASK64 = (1 << 64) - 1
@@ -344,3 +352,15 @@ def demo_documents() -> list[str]:
     """The whole demo corpus, in order: `DEMO_DOCS` stories, identical bytes everywhere."""
     rng = _Pcg32(DEMO_SEED)
     return [_Story(rng, i).text() for i in range(DEMO_DOCS)]
+
+
+def demo_validation(secret: bytes) -> list[str]:
+    """The validation stories: `DEMO_DOCS // DEMO_VAL_EVERY` of them, drawn from `secret` (16+ bytes).
+
+    Numbered like the left-out stories they replace (9, 19, ...); 127 bits of the secret seed the
+    generator (64 for its state, 63 for its stream), far beyond guessing.
+    """
+    if len(secret) < 16:
+        raise ValueError(f"the validation secret needs 16 bytes or more, got {len(secret)}")
+    rng = _Pcg32(int.from_bytes(secret[:8], "big"), int.from_bytes(secret[8:16], "big"))
+    return [_Story(rng, i).text() for i in range(DEMO_VAL_EVERY - 1, DEMO_DOCS, DEMO_VAL_EVERY)]

@@ -38,7 +38,9 @@ __all__ = [
     "CLIMBMIX_DEFAULT_SHARDS",
     "CLIMBMIX_MAX_TRAIN_SHARDS",
     "DATA_FORMAT_VERSION",
+    "DATA_ROOT_ENV",
     "PROFILES",
+    "SOURCE_VERSIONS",
     "SPECIAL_TOKENS",
     "SPLIT_PATTERN",
     "TOKENIZER_VERSION",
@@ -49,6 +51,7 @@ __all__ = [
     "get_profile",
     "load_lab_profile",
     "parse_dataset",
+    "source_version",
 ]
 
 # ---------------------------------------------------------------------------
@@ -66,6 +69,13 @@ BOS_TOKEN = "<|bos|>"
 SPECIAL_TOKENS = (BOS_TOKEN, "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 TOKENIZER_VERSION = 1  # bump when tokenizer training changes (text sample, rustbpe settings)
 DATA_FORMAT_VERSION = 1  # bump when a source, the demo generator, the split or the cache layout changes
+# A source whose split changed while labs were using it gets a version of its own, so the change
+# reaches only its labs: the version enters the fingerprint (a new data folder: `nightlab prepare`
+# again) and the lab's comparison epoch (`identity.measurement`), so results measured on the old
+# split are never pooled with new ones. demo 2: validation documents drawn from a secret made at
+# prepare, which package code cannot regenerate (issue 30).
+SOURCE_VERSIONS = {"demo": 2}
+DATA_ROOT_ENV = "NIGHTLAB_DATA_DIR"  # where every profile's data lives (`data_root`)
 
 # Training shards downloaded for plain `climbmix` (autoresearch's default); `climbmix:N` asks for N.
 CLIMBMIX_DEFAULT_SHARDS = 10
@@ -278,13 +288,24 @@ def fingerprint(profile: Profile) -> str:
         "eval_tokens": profile.eval_tokens,
         "tokenizer": [TOKENIZER_VERSION, SPLIT_PATTERN, list(SPECIAL_TOKENS)],
     }
+    if source in SOURCE_VERSIONS:  # only then: every other source keeps its fingerprint
+        identity["source_version"] = SOURCE_VERSIONS[source]
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def source_version(dataset: str) -> int | None:
+    """The dataset's source version (`SOURCE_VERSIONS`), None for a source that never changed its split."""
+    try:
+        source, _ = parse_dataset(dataset)
+    except UsageError:  # an unparsable spec is reported where the profile is loaded, not here
+        return None
+    return SOURCE_VERSIONS.get(source)
+
+
 def data_root() -> Path:
     """`$NIGHTLAB_DATA_DIR`, else `~/.cache/nightlab/data`: the parent of every profile's data directory."""
-    env = os.environ.get("NIGHTLAB_DATA_DIR")
+    env = os.environ.get(DATA_ROOT_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "nightlab" / "data"
 
 

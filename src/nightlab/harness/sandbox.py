@@ -13,8 +13,13 @@ run goes on unsandboxed and is flagged `unsandboxed`.
 
 Inside the sandbox:
 - everything is read-only (`--ro-bind / /`): the installed nightlab package, the lab, its git;
-- the data root is replaced by an empty tmpfs, and only the profile's training files (manifest,
-  tokenizer, train.*) are bound back, read-only; the validation files read as empty;
+- the data root (every profile's data, the raw downloads, the demo corpus's validation secret) is
+  replaced by an empty tmpfs, and only the profile's training files (manifest, tokenizer, train.*)
+  are bound back, read-only; the validation files cannot be read;
+- a `local:` dataset's files and folders (`SandboxPlan.hidden`), resolved through symlinks, are
+  hidden the same way: a folder becomes an empty tmpfs, a file cannot be read; whatever the run
+  needs inside a hidden folder (its Python, the lab) is bound back, read-only, with the corpus
+  files in it still hidden;
 - the lab's `.nightlab/` is an empty tmpfs: no ledger, no other attempt, no supervisor result;
   only this attempt's `work/` (the snapshot) and `handoff/` (where the model goes) are writable;
 - /tmp is private, except the compile caches torch needs (inductor, triton), bound writable, and,
@@ -37,6 +42,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nightlab.harness.profiles import DATA_ROOT_ENV
+
 __all__ = ["INSTALL_HINT", "SandboxPlan", "available", "wrap"]
 
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`) to sandbox runs"
@@ -49,10 +56,14 @@ class SandboxPlan:
     """What one attempt's sandbox exposes.
 
     Attributes:
-        data_dir: the profile's prepared data (training files exposed, validation hidden).
+        data_dir: the profile's prepared data, `data_root / fingerprint` (training files exposed,
+            validation hidden).
         data_root: the folder of every profile's data and raw downloads (hidden entirely).
         lab_dir: the lab; its `.nightlab/` is hidden.
         writable: the folders the run may write (its work and handoff folders), created if missing.
+        caches: compile caches the run may write (`default_caches`).
+        hidden: files and folders the run must not read, whatever path leads there (a `local:`
+            dataset's: `sources.source_paths`).
     """
 
     data_dir: Path
@@ -60,6 +71,7 @@ class SandboxPlan:
     lab_dir: Path
     writable: tuple[Path, ...]
     caches: tuple[Path, ...] = field(default_factory=tuple)
+    hidden: tuple[Path, ...] = field(default_factory=tuple)
 
 
 def default_caches() -> tuple[Path, ...]:
@@ -93,25 +105,38 @@ def available() -> str | None:
     return None
 
 
-def _under_tmp(plan: SandboxPlan) -> list[Path]:
-    """The folders under /tmp the run needs to see: its Python, nightlab's import path, the lab.
+def _needed_inside(plan: SandboxPlan, masks: list[Path]) -> list[Path]:
+    """The folders inside `masks` the run needs to see: its Python, nightlab's import path, the lab.
 
-    Outermost first and without ones nested in another, so each is one read-only bind.
+    Nested ones are kept: a hidden folder may lie between them (a venv inside a corpus inside the lab).
     """
     import nightlab
 
     wanted = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), plan.lab_dir}
     wanted.add(Path(nightlab.__file__).resolve().parent.parent)
     wanted.update(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
-    tmp = Path("/tmp")
     # both spellings: the command names the venv as given, a symlinked folder resolves elsewhere
     both = {form for p in wanted if p.exists() for form in (p.absolute(), p.resolve())}
-    inside = sorted(both - {tmp}, key=lambda p: len(p.parts))
-    chosen: list[Path] = []
-    for path in inside:
-        if path.is_relative_to(tmp) and not any(path.is_relative_to(c) for c in chosen):
-            chosen.append(path)
-    return chosen
+    return sorted(p for p in both - set(masks) if any(p.is_relative_to(m) for m in masks))
+
+
+def _hiding_mounts(plan: SandboxPlan) -> list[str]:
+    """bwrap's mounts for the private /tmp and `plan.hidden`, with what the run needs bound back.
+
+    Hidden paths are resolved, so no symlink leads around them. A folder becomes an empty tmpfs, a
+    file `/dev/null` (unreadable: a device on a nodev mount), the latter only where the run could
+    see it otherwise. The mounts go shallowest first, so the deepest one decides what the run sees
+    at any path: a corpus folder inside the lab stays hidden though the lab is bound back.
+    """
+    resolved = {p.resolve() for p in plan.hidden if p.exists()}
+    masks = [Path("/tmp"), *(p for p in resolved if p.is_dir())]
+    needed = _needed_inside(plan, masks)
+    mounts = [(p, ["--tmpfs", str(p)]) for p in masks] + [(p, ["--ro-bind", str(p), str(p)]) for p in needed]
+    for file in sorted(resolved - set(masks)):
+        around = [a for a in (*masks, *needed) if file.is_relative_to(a)]
+        if not around or max(around, key=lambda a: len(a.parts)) in needed:
+            mounts.append((file, ["--ro-bind", "/dev/null", str(file)]))
+    return [arg for _, mount in sorted(mounts, key=lambda m: len(m[0].parts)) for arg in mount]
 
 
 def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
@@ -133,22 +158,27 @@ def wrap(argv: list[str], *, plan: SandboxPlan) -> tuple[list[str], str]:
         "--proc",
         "/proc",
     ]
-    args += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
-    for path in _under_tmp(plan):  # before the hiding binds below, so those still apply inside
-        args += ["--ro-bind", str(path), str(path)]
+    args += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+    args += _hiding_mounts(plan)  # before the data root's and the lab's mounts below, so those still apply
     for cache in plan.caches:
         cache.mkdir(parents=True, exist_ok=True)
         args += ["--bind", str(cache), str(cache)]
-    for hidden in {plan.data_root, plan.data_dir.parent}:
+    # Resolved: bwrap cannot mount over a destination reached through an absolute symlink (it resolves
+    # it outside the sandbox's new root: "Can't mount tmpfs ... No such file or directory"), so a data
+    # root named through one stopped every run. The run is told the real path, so it needs no symlink
+    # inside (one under the private /tmp would be gone).
+    data_dir = plan.data_dir.resolve()
+    args += ["--setenv", DATA_ROOT_ENV, str(plan.data_root.resolve())]
+    for hidden in {plan.data_root.resolve(), data_dir.parent}:
         if hidden.exists():
             args += ["--tmpfs", str(hidden)]
     for name in _TRAIN_FILES:
-        path = plan.data_dir / name
+        path = data_dir / name
         if path.exists():
             args += ["--ro-bind", str(path), str(path)]
-    for name in _HIDDEN_FILES:  # present but empty: the loader says "truncated", nothing leaks
-        if (plan.data_dir / name).exists():  # bwrap cannot create a mount point in the read-only root
-            args += ["--ro-bind", "/dev/null", str(plan.data_dir / name)]
+    for name in _HIDDEN_FILES:  # present but unreadable: the loader fails, nothing leaks
+        if (data_dir / name).exists():  # bwrap cannot create a mount point in the read-only root
+            args += ["--ro-bind", "/dev/null", str(data_dir / name)]
     nightlab_dir = plan.lab_dir / ".nightlab"
     if nightlab_dir.exists():
         args += ["--tmpfs", str(nightlab_dir)]

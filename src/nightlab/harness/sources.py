@@ -11,7 +11,12 @@
   when the sha256 of its text falls in the lowest 10% (`LOCAL_VAL_PERCENT`): the split
   depends on nothing but the text, so it is the same on every machine and file order, and
   duplicates never straddle it.
-- `demo`: the generated corpus of `harness.demo`; every tenth document is validation.
+- `demo`: the generated corpus of `harness.demo`; every tenth story is left out of training,
+  and validation is as many stories drawn from a secret that `prepare` keeps in the data
+  folder (`demo.demo_validation`): package code cannot regenerate them.
+
+A `local:` dataset's files lie outside the data root, so `source_paths` names them for the
+sandbox to hide: from them a run could rebuild the validation split with `is_local_val`.
 
 Each source gives `Corpus.train()` / `Corpus.val()`: fresh iterators over document texts
 (prepare reads the training split twice: once to train the tokenizer, once to tokenize).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +36,7 @@ from nightlab.harness.cache import DataError
 from nightlab.harness.download import download_all, hub_url
 from nightlab.harness.profiles import CLIMBMIX_MAX_TRAIN_SHARDS, parse_dataset
 
-__all__ = ["Corpus", "open_source"]
+__all__ = ["Corpus", "open_source", "source_paths"]
 
 CLIMBMIX_REPO = "datasets/karpathy/climbmix-400b-shuffle/resolve/main"
 CLIMBMIX_VAL_SHARD = CLIMBMIX_MAX_TRAIN_SHARDS  # 6542, the last shard: pinned for validation
@@ -72,8 +78,19 @@ class Reporter:
         """`step` is complete."""
 
 
-def open_source(spec: str, downloads: Path, *, workers: int = 8, report: Reporter | None = None) -> Corpus:
+def open_source(
+    spec: str,
+    downloads: Path,
+    *,
+    workers: int = 8,
+    report: Reporter | None = None,
+    val_secret: bytes | None = None,
+) -> Corpus:
     """Fetch what `spec` needs into `downloads` and return its corpus.
+
+    Args:
+        val_secret: what the `demo` validation stories are drawn from (`prepare` keeps it in the
+            data folder); None draws a fresh one, so nothing can reproduce them.
 
     Raises:
         DataError: a download failed, a file is corrupt, or local files are missing.
@@ -81,7 +98,7 @@ def open_source(spec: str, downloads: Path, *, workers: int = 8, report: Reporte
     report = report or Reporter()
     source, arg = parse_dataset(spec)
     if source == "demo":
-        return _demo()
+        return _demo(val_secret if val_secret is not None else os.urandom(32))
     if source == "local":
         return _local(Path(str(arg)))
     if source == "climbmix":
@@ -92,14 +109,33 @@ def open_source(spec: str, downloads: Path, *, workers: int = 8, report: Reporte
 # ---------------------------------------------------------------------------
 
 
-def _demo() -> Corpus:
-    from nightlab.harness.demo import DEMO_VAL_EVERY, demo_documents
+def source_paths(spec: str) -> tuple[Path, ...]:
+    """The files and folders outside the data root that `spec`'s documents are read from.
+
+    A `local:` dataset's path and every file prepare reads under it (the sandbox resolves them, so
+    a symlinked file is hidden where it points); nothing for the others, whose raw files live in
+    the data root's `downloads/` or, for `demo`, are generated.
+    """
+    source, arg = parse_dataset(spec)
+    if source != "local":
+        return ()
+    root = Path(str(arg))
+    try:
+        return (root, *_local_files(root))
+    except DataError:  # gone since prepare: nothing left there to hide
+        return ()
+
+
+def _demo(secret: bytes) -> Corpus:
+    from nightlab.harness.demo import DEMO_VAL_EVERY, demo_documents, demo_validation
 
     docs = demo_documents()
+    val = demo_validation(secret)
     return Corpus(
         train=lambda: (d for i, d in enumerate(docs) if i % DEMO_VAL_EVERY != DEMO_VAL_EVERY - 1),
-        val=lambda: (d for i, d in enumerate(docs) if i % DEMO_VAL_EVERY == DEMO_VAL_EVERY - 1),
-        info={"documents": len(docs)},
+        val=lambda: iter(val),
+        # a digest, not the secret: says which validation set a data folder holds (the manifest is readable)
+        info={"documents": len(docs), "val_set": hashlib.sha256(b"demo-val:" + secret).hexdigest()[:16]},
     )
 
 
