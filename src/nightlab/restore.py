@@ -151,10 +151,16 @@ def _result(
     result = classify(last.exit_code, tail, metric=metric)
     outcome, detail, metrics = result.outcome, result.detail, result.metrics
     if config is not None and config.target.builtin:
+        from nightlab.fleet.runner import expected_val_set
         from nightlab.harness.owned import apply_score, read_score
 
         outcome, detail, metrics = apply_score(
-            outcome, detail, metrics, read_score(last.folder), metric=metric
+            outcome,
+            detail,
+            metrics,
+            read_score(last.folder),
+            metric=metric,
+            expected_val_set=expected_val_set(config),
         )
     return outcome, detail, metrics
 

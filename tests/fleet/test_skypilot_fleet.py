@@ -876,6 +876,69 @@ def test_a_builtin_run_on_a_cluster_is_scored_by_the_harness_there(tmp_path, mon
     assert shown["trust"] == ("harness" if available() is None else "unsandboxed")
 
 
+def test_every_worker_of_a_tier_scores_on_the_lab_s_validation_set(tmp_path, monkeypatch, fast):
+    """Each machine's `prepare` drew its own demo secret, so two workers of one tier scored on
+    different validation stories and were pooled as one measurement. Set-up now receives the
+    lab's (a file mount, never an env or the snapshot): a fresh worker prepares with it, and one
+    whose data holds another secret gets its validation split made again; the controller expects
+    that set's digest on every score (`test_a_score_from_another_validation_set_is_invalid`)."""
+    import os
+    import shutil
+
+    from labkit import nightlab as cli_run
+    from nightlab.fleet.runner import expected_val_set
+    from nightlab.harness.cache import load_manifest, val_set_digest
+    from nightlab.harness.profiles import fingerprint, load_lab_profile
+    from nightlab.snapshots import commit_files
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(data))
+    cli_run("init", "lab", "--profile", "cpu", "--budget", "5", cwd=tmp_path)
+    lab = tmp_path / "lab"
+    cli_run("prepare", cwd=lab, timeout=300)
+    toml = lab / "nightlab.toml"
+    pool = '[[fleet.pool]]\nbackend = "skypilot"\ntier = "h100"\naccelerators = "H100:1"\nworkers = 2\n'
+    toml.write_text(toml.read_text().replace("[search]", pool + "\n[search]"))
+    commit_files(lab, ["nightlab.toml"], "skypilot pool")
+    ours = data / fingerprint(load_lab_profile(lab))
+    secret = (ours / "val.secret").read_bytes()
+    assert (
+        expected_val_set(load_config(toml))
+        == val_set_digest(secret)
+        == load_manifest(ours)["source"]["val_set"]
+    )
+
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, prepare_data=True).install(monkeypatch)
+    backend = _backend(lab, fake)
+    fresh, stale = (
+        backend.cluster(s.name).name for s in skypilot.skypilot_slots(backend.config.fleet.pools[-1])
+    )
+    # the second worker was prepared before, with a secret of its own (what every worker had)
+    theirs = fake.root / stale / ".cache" / "nightlab" / "data" / ours.name
+    shutil.copytree(ours, theirs)
+    other = os.urandom(32)
+    (theirs / "val.secret").write_bytes(other)
+    manifest = json.loads((theirs / "manifest.json").read_text())
+    manifest["source"]["val_set"] = val_set_digest(other)
+    (theirs / "manifest.json").write_text(json.dumps(manifest))
+    tokenizer = (theirs / "tokenizer.tiktoken").stat().st_mtime_ns
+
+    try:
+        states = backend.up()
+    finally:
+        backend.close()
+    assert [s["state"] for s in states] == ["up", "up"], states
+    for cluster in (fresh, stale):
+        home = fake.root / cluster
+        folder = home / ".cache" / "nightlab" / "data" / ours.name
+        assert (folder / "val.secret").read_bytes() == secret
+        assert load_manifest(folder)["source"]["val_set"] == val_set_digest(secret)
+        assert (folder / "val.tokens.bin").read_bytes() == (ours / "val.tokens.bin").read_bytes()
+        assert not (home / ".nightlab" / "val.secret").exists()  # only the hidden data folder keeps it
+        assert secret.hex() not in json.dumps([t.envs for _, _, t in fake.tasks])
+    assert (theirs / "tokenizer.tiktoken").stat().st_mtime_ns == tokenizer  # only validation was made again
+
+
 # ---------------------------------------------------------------------------- start and pipelining
 
 

@@ -88,9 +88,14 @@ def test_the_log_sink_writes_the_job_lines_as_they_stream(tmp_path):
 # ---------------------------------------------------------------------------- tasks
 
 
-def test_cluster_task_reads_the_editable_yaml(tmp_path):
+def test_cluster_task_reads_the_editable_yaml(tmp_path, monkeypatch):
+    from labkit import nightlab as cli_run
+    from nightlab.harness.profiles import data_dir, load_lab_profile
+
+    monkeypatch.setenv("NIGHTLAB_DATA_DIR", str(tmp_path / "data"))
+    cli_run("init", "lab", "--profile", "cpu", cwd=tmp_path)  # a built-in lab on `demo`
     lab = tmp_path / "lab"
-    lab.mkdir()
+    profile = load_lab_profile(lab)
     path = sky_task.worker_yaml(lab)
     assert "\n  NIGHTLAB_PIP_SPEC:" not in path.read_text()  # only a commented-out override
     path.write_text(path.read_text().replace("disk_size: 100", "disk_size: 256\n  use_spot: false"))
@@ -105,6 +110,10 @@ def test_cluster_task_reads_the_editable_yaml(tmp_path):
     assert task.envs["NIGHTLAB_BUILTIN"] == "1"
     assert task.envs["NIGHTLAB_PIP_SPEC"] == f"~/.nightlab/wheel/nightlab-{__version__}-py3-none-any.whl"
     assert "nightlab-gpu:" in task.run and "nightlab.fleet.build probe" in task.run
+    # the lab's demo validation secret (made on first use) reaches set-up as a file, never an env
+    secret = data_dir(profile) / "val.secret"
+    assert task.file_mounts[sky_task.REMOTE_VAL_SECRET] == str(secret)
+    assert secret.read_bytes().hex() not in json.dumps(task.envs)
 
 
 # ---------------------------------------------------------------------------- the controller's own build
@@ -322,7 +331,9 @@ def test_prepare_worker_uses_the_lab_profile_without_a_ledger(tmp_path, monkeypa
         config, "load_config", lambda path: SimpleNamespace(profile=profiles[path.parent.name])
     )
     seen = []
-    monkeypatch.setattr(data, "prepare", lambda profile, progress: seen.append(profile) or tmp_path / "data")
+    monkeypatch.setattr(
+        data, "prepare", lambda profile, progress, val_secret: seen.append(profile) or tmp_path / "data"
+    )
     assert sky_task.prepare_worker(tmp_path / "foreign") is None  # a foreign target prepares its own data
     assert sky_task.prepare_worker(tmp_path / "builtin") == tmp_path / "data"
     assert seen == [get_profile("cpu")]

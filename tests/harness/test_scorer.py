@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from nightlab.harness import clock as clock_mod
+from nightlab.harness.cache import val_set_digest
 from nightlab.harness.clock import TrainingClock
 from nightlab.harness.data import prepare
 from nightlab.harness.evaluate import evaluate
 from nightlab.harness.handoff import HANDOFF_META, MODEL_FILE, hand_in
 from nightlab.harness.owned import apply_score, trust
 from nightlab.harness.profiles import Profile, fingerprint
+from nightlab.harness.profiles import data_dir as profile_data_dir
 from nightlab.harness.scorer import UnscorableModelError, check_archive, score
 
 torch = pytest.importorskip("torch")
@@ -79,6 +81,9 @@ def test_the_scorer_measures_what_evaluate_measures(lab, tmp_path):
     assert result["val_bpb"] == pytest.approx(reference.val_bpb, abs=1e-6)
     assert result["eval_tokens"] == reference.tokens and result["probe_rows"] == 8
     assert result["data_fingerprint"] == fingerprint(PROFILE)
+    # which demo validation set: the digest of the data folder's secret (never the secret)
+    secret = (profile_data_dir(PROFILE) / "val.secret").read_bytes()
+    assert result["val_set"] == val_set_digest(secret) and secret.hex() not in json.dumps(result)
 
 
 def test_a_model_that_sees_the_next_token_is_caught_by_the_hidden_probe(lab, tmp_path):
@@ -198,6 +203,20 @@ def test_apply_score_takes_the_owned_keys_from_the_harness_only():
     assert crashed[:2] == ("crash:oom", "CUDA out of memory")
     refused = apply_score("ok", None, printed, {"status": "invalid", "invalid_reason": "x"}, metric="val_bpb")
     assert refused[0] == "invalid" and refused[1] == "x" and "val_bpb" not in refused[2]
+
+
+def test_a_score_from_another_validation_set_is_invalid():
+    """Two workers whose demo data was drawn from different secrets measure different things: the
+    controller refuses a score whose `val_set` is not its lab's (or that has none), never pools it."""
+    score_ok = {"status": "ok", "val_bpb": 1.2, "val_set": "aaaa"}
+    assert apply_score("ok", None, {}, score_ok, metric="val_bpb", expected_val_set="aaaa")[0] == "ok"
+    outcome, detail, metrics = apply_score(
+        "ok", None, {}, score_ok, metric="val_bpb", expected_val_set="bbbb"
+    )
+    assert outcome == "invalid" and "`aaaa`" in detail and "`bbbb`" in detail and metrics["val_set"] == "aaaa"
+    unlabelled = {"status": "ok", "val_bpb": 1.2}
+    assert apply_score("ok", None, {}, unlabelled, metric="val_bpb", expected_val_set="bbbb")[0] == "invalid"
+    assert apply_score("ok", None, {}, unlabelled, metric="val_bpb")[0] == "ok"  # a source without one
 
 
 def test_a_seed_that_changes_nothing_is_flagged():

@@ -33,7 +33,14 @@ from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, VerdictPolicy, WorkerSlot
 from nightlab.fleet.health import HealthWatch
 from nightlab.fleet.local import LocalBackend
-from nightlab.fleet.runner import classify, expected_fingerprint, max_training_seconds, read_tail, trim_log
+from nightlab.fleet.runner import (
+    classify,
+    expected_fingerprint,
+    expected_val_set,
+    max_training_seconds,
+    read_tail,
+    trim_log,
+)
 from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
 from nightlab.ledger import Attempt, Experiment, Ledger
@@ -112,6 +119,7 @@ class Controller:
         self.pid = os.getpid()
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
+        self._val_set = expected_val_set(config)
         self._max_training = max_training_seconds(config)
         # built-in target: the harness scores every local run apart from train.py (harness/attempt.py)
         self._digests = None
@@ -229,6 +237,7 @@ class Controller:
                 self.backends[kind] = backend
         self.config, self.slots = config, slots
         self._fingerprint = expected_fingerprint(config)
+        self._val_set = expected_val_set(config)
         self._max_training = max_training_seconds(config)
         self.health.update_slots(slots, config.fleet)
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
@@ -423,7 +432,12 @@ class Controller:
 
                 score = read_score(active.spec.run_dir)
                 outcome, detail, metrics = apply_score(
-                    outcome, detail, metrics, score, metric=self.config.metric.name
+                    outcome,
+                    detail,
+                    metrics,
+                    score,
+                    metric=self.config.metric.name,
+                    expected_val_set=self._val_set,
                 )
                 if outcome == "ok":
                     metrics = self._flag_seed(active.spec.experiment_id, metrics)

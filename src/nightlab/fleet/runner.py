@@ -163,6 +163,23 @@ def expected_fingerprint(config: Any) -> str | None:
     return fingerprint(Profile.from_dict(config.profile))
 
 
+def expected_val_set(config: Any) -> str | None:
+    """The validation set every harness score of this lab must carry (`demo` only), else None.
+
+    The lab's set is the one in the controller's data folder for the lab's profile; its secret
+    is made there on first use and handed to every worker's set-up (`fleet.sky_task`).
+    """
+    if not config.target.builtin or not config.profile:
+        return None
+    from nightlab.harness.cache import folder_val_secret, val_set_digest
+    from nightlab.harness.profiles import Profile, data_dir, parse_dataset
+
+    profile = Profile.from_dict(config.profile)
+    if parse_dataset(profile.dataset)[0] != "demo":
+        return None
+    return val_set_digest(folder_val_secret(data_dir(profile)))
+
+
 def max_training_seconds(config: Any) -> float | None:
     """The most training time a run of this lab may report.
 

@@ -51,6 +51,10 @@ WORKER_YAML_PATH = Path("fleet") / "skypilot.yaml"
 WHEEL_DIR = Path(".nightlab") / "fleet" / "wheel"  # the controller's own build, in the lab
 # where each cluster receives that wheel (`~` is the cluster's home; set-up expands it)
 REMOTE_WHEEL_DIR = "~/.nightlab/wheel"
+# where set-up finds the lab's `demo` validation secret (a file mount of the controller's
+# `val.secret`); `prepare_worker` moves it into the data folder, which the sandbox hides. Not an
+# env: SkyPilot writes a task's envs into its job scripts under ~/.sky, which a run can read.
+REMOTE_VAL_SECRET = "~/.nightlab/val.secret"
 PAYLOAD_CHUNK = 96 * 1024  # bytes of base64 per variable, under MAX_ARG_STRLEN (128 KiB)
 PAYLOAD_LIMIT = 1024 * 1024  # all chunks together stay well under ARG_MAX (2 MiB on Linux)
 # The remote `timeout` is a backstop for a dead controller: the controller's own deadline,
@@ -342,11 +346,35 @@ def cluster_task(
             "own build: results from other code are `invalid`",
             override,
         )
+    secret = lab_val_secret_file(lab_dir) if builtin else None
+    if secret is not None:  # every worker scores on the lab's validation set, not one of its own
+        doc["file_mounts"] = {**(doc.get("file_mounts") or {}), REMOTE_VAL_SECRET: str(secret)}
     doc["envs"] = envs
     try:
         return sky.Task.from_yaml_config(doc)
     except (ValueError, TypeError) as e:  # SkyPilot's schema errors
         raise UsageError(f"`{lab_dir / WORKER_YAML_PATH}` is not a valid SkyPilot task: {e}") from e
+
+
+def lab_val_secret_file(lab_dir: Path) -> Path | None:
+    """The controller's file of the lab's validation secret (`demo` only, made on first use), else None.
+
+    It lies in the controller's data folder for the lab's profile: local runs score on it, and the
+    controller refuses a score from another set (`runner.expected_val_set`).
+    """
+    from nightlab.config import load_lab_config
+    from nightlab.harness.cache import VAL_SECRET_NAME, folder_val_secret
+    from nightlab.harness.profiles import Profile, data_dir, parse_dataset
+
+    config = load_lab_config(lab_dir).config
+    if not config.profile:
+        return None
+    profile = Profile.from_dict(config.profile)
+    if parse_dataset(profile.dataset)[0] != "demo":
+        return None
+    folder = data_dir(profile)
+    folder_val_secret(folder)
+    return folder / VAL_SECRET_NAME
 
 
 def payload_envs(lab_dir: Path, commit: str) -> dict[str, str]:
@@ -593,6 +621,8 @@ def prepare_worker(lab_dir: Path) -> Path | None:
     The lab synced to a cluster has no `.nightlab/` (it is git-ignored), so `nightlab
     prepare` cannot open it there; set-up calls this instead. The data directory is keyed
     by the profile's fingerprint, the same one the controller checks on every result.
+    The lab's validation secret (`REMOTE_VAL_SECRET`, mounted by `cluster_task`) is moved into
+    it: a folder prepared with another secret has its validation split made again.
 
     Returns:
         The data directory, or None for a foreign target (which prepares its own data).
@@ -604,7 +634,12 @@ def prepare_worker(lab_dir: Path) -> Path | None:
     config = load_lab_config(lab_dir).config
     if not config.profile:
         return None
-    return prepare(Profile.from_dict(config.profile), progress=False)
+    mounted = Path(os.path.expanduser(REMOTE_VAL_SECRET))
+    secret = mounted.read_bytes() if mounted.is_file() else None
+    try:
+        return prepare(Profile.from_dict(config.profile), progress=False, val_secret=secret)
+    finally:
+        mounted.unlink(missing_ok=True)  # outside the data folder a run could read it
 
 
 if __name__ == "__main__":  # `python -m nightlab.fleet.sky_task prepare`, run by the worker's set-up

@@ -23,6 +23,7 @@ truncated file into a clear error instead of a shorter dataset.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -44,9 +45,11 @@ __all__ = [
     "DataNotPreparedError",
     "TokenSplit",
     "atomic_write_bytes",
+    "folder_val_secret",
     "load_manifest",
     "open_split",
     "split_paths",
+    "val_set_digest",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -65,6 +68,35 @@ class DataNotPreparedError(DataError):
 
 class DataMismatchError(DataError):
     """The data directory was prepared for another profile (another fingerprint)."""
+
+
+def val_set_digest(secret: bytes) -> str:
+    """Which validation set `secret` draws (the manifest's `source.val_set`): a digest, never the secret."""
+    return hashlib.sha256(b"demo-val:" + secret).hexdigest()[:16]
+
+
+def folder_val_secret(data_dir: Path, *, make: bool = True) -> bytes | None:
+    """The data folder's `val.secret` (`demo` only), made on first use when `make`; None when absent.
+
+    The folder on the controller's machine holds the lab's: set-up hands it to every worker
+    (`fleet.sky_task`), so all of a lab's machines score on one validation set.
+    """
+    path = Path(data_dir) / VAL_SECRET_NAME
+    if not path.exists():
+        if not make:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # made whole and linked into place: of two processes making it at once (a controller and
+        # `nightlab prepare`), the first one's stands and both read it
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(os.urandom(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_bytes()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

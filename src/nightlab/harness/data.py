@@ -15,7 +15,8 @@ where it stopped, and a finished one returns at once):
 The validation split never reaches training: the tokenizer and the training cache read
 only `Corpus.train()`, and every source's split is fixed by the source itself. The `demo`
 validation stories are drawn from `val.secret`, made here on first use (`os.urandom`) and kept
-in the data folder, which the sandbox hides: package code alone cannot regenerate them.
+in the data folder, which the sandbox hides: package code alone cannot regenerate them. A
+worker's set-up passes the lab's (`val_secret`), so all of a lab's machines share one set.
 
 Usage:
     from nightlab.harness import data, profiles
@@ -44,6 +45,7 @@ from nightlab.harness.cache import (
     DataMismatchError,
     DataNotPreparedError,
     atomic_write_bytes,
+    folder_val_secret,
     load_manifest,
     open_split,
     split_paths,
@@ -204,14 +206,21 @@ def _split_entry(out: Path, split: str) -> dict[str, Any] | None:
     return entry if sizes_ok else None
 
 
-def _val_secret(out: Path, dataset: str) -> bytes | None:
-    """The data folder's validation secret (`demo` only), made on first use and kept for a resumed prepare."""
-    if parse_dataset(dataset)[0] != "demo":
-        return None
-    path = out / VAL_SECRET_NAME
-    if not path.exists():
-        atomic_write_bytes(path, os.urandom(32))
-    return path.read_bytes()
+def _take_val_secret(out: Path, dataset: str, secret: bytes | None) -> None:
+    """Make the data folder hold `secret` (the lab's, handed to a worker by its set-up).
+
+    A folder prepared with another secret keeps its tokenizer and training split; its validation
+    split and manifest go, so this prepare tokenizes the lab's validation stories.
+    """
+    if secret is None or parse_dataset(dataset)[0] != "demo":
+        return
+    if len(secret) < 16:
+        raise DataError(f"the validation secret needs 16 bytes or more, got {len(secret)}")
+    if folder_val_secret(out, make=False) == secret:
+        return
+    for name in (MANIFEST_NAME, "val.json", *(p.name for p in split_paths(out, "val"))):
+        (out / name).unlink(missing_ok=True)
+    atomic_write_bytes(out / VAL_SECRET_NAME, secret)
 
 
 def _check_local_unchanged(manifest: dict[str, Any], profile: Profile) -> None:
@@ -229,7 +238,12 @@ def _check_local_unchanged(manifest: dict[str, Any], profile: Profile) -> None:
 
 
 def prepare(
-    profile: Profile, *, data_dir: Path | None = None, progress: bool = True, workers: int = 8
+    profile: Profile,
+    *,
+    data_dir: Path | None = None,
+    progress: bool = True,
+    workers: int = 8,
+    val_secret: bytes | None = None,
 ) -> Path:
     """Download, tokenize and cache the profile's dataset; idempotent and resumable.
 
@@ -239,6 +253,9 @@ def prepare(
             go to `downloads/` beside it.
         progress: whether or not to show a rich progress display on stderr.
         workers: parallel downloads and tokenizer threads.
+        val_secret: `demo` only: the lab's validation secret (a worker's set-up passes the
+            controller's); a folder holding another one has its validation split made again.
+            None keeps the folder's own, made on first use.
 
     Returns:
         The prepared data directory.
@@ -249,11 +266,13 @@ def prepare(
             `local:`), a file is corrupt, the dataset is empty or too small.
     """
     out = Path(data_dir) if data_dir is not None else default_data_dir(profile)
-    with contextlib.suppress(DataNotPreparedError):
-        _check_local_unchanged(load_manifest(out, profile=profile), profile)
-        return out
+    if val_secret is None or folder_val_secret(out, make=False) == val_secret:
+        with contextlib.suppress(DataNotPreparedError):
+            _check_local_unchanged(load_manifest(out, profile=profile), profile)
+            return out
     out.mkdir(parents=True, exist_ok=True)
     with _file_lock(out / ".lock"):
+        _take_val_secret(out, profile.dataset, val_secret)
         with contextlib.suppress(DataNotPreparedError):  # another process finished while we waited
             load_manifest(out, profile=profile)
             return out
@@ -264,7 +283,7 @@ def prepare(
                 out.parent / "downloads",
                 workers=workers,
                 report=reporter,
-                val_secret=_val_secret(out, profile.dataset),
+                val_secret=folder_val_secret(out) if parse_dataset(profile.dataset)[0] == "demo" else None,
             )
 
             if (out / TOKENIZER_NAME).exists():

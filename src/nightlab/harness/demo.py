@@ -20,7 +20,8 @@ The validation stories are the one exception (`demo_validation`): drawn the same
 a PCG32 seeded with a secret `prepare` makes (`os.urandom`) and keeps in the data folder, which
 the sandbox hides. This package's code alone can regenerate every training story, and none of
 the validation ones, so a `train.py` cannot train on the text it is scored on. Each data folder
-(each machine) has its own validation stories: same distribution, not the same rows.
+has its own validation stories; a lab's workers receive the controller's secret at set-up
+(`fleet.sky_task`), so all of a lab's machines score on the same rows.
 """
 
 from __future__ import annotations

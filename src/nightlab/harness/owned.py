@@ -12,6 +12,7 @@ into the recorded outcome:
     status not-scored               the runner's class (the training process failed)
     status invalid                  invalid, with the supervisor's or scorer's reason
     status ok, val_bpb finite       ok; crash:nan when the metric is NaN / inf
+    status ok, another val_set      invalid: scored on another validation set than the lab's
 
 The owned keys in the result are the scorer's; what train.py printed for them is dropped, and
 where it disagrees the first disagreement is kept as `harness_warning` (shown by `show`) so a reader
@@ -38,6 +39,7 @@ OWNED_KEYS = (
     "warmup_seconds",
     "warmup_steps",
     "data_fingerprint",
+    "val_set",
     "status",
     "invalid_reason",
     "eval_tokens",
@@ -85,7 +87,13 @@ def _disagreement(printed: dict[str, Any], score: dict[str, Any]) -> str | None:
 
 
 def apply_score(
-    outcome: str, detail: str | None, metrics: dict[str, Any], score: dict[str, Any] | None, *, metric: str
+    outcome: str,
+    detail: str | None,
+    metrics: dict[str, Any],
+    score: dict[str, Any] | None,
+    *,
+    metric: str,
+    expected_val_set: str | None = None,
 ) -> tuple[str, str | None, dict[str, Any]]:
     """The recorded (outcome, detail, metrics) of a built-in-target attempt (see the module table).
 
@@ -93,6 +101,8 @@ def apply_score(
         outcome, detail, metrics: what `classify` made of the exit code and the log.
         score: `read_score(run_dir)`.
         metric: the lab's metric key.
+        expected_val_set: the lab's validation set (`fleet.runner.expected_val_set`); a score
+            from another one (or none) is `invalid`, so two sets are never pooled.
     """
     printed = dict(metrics)
     kept = {k: v for k, v in metrics.items() if k not in OWNED_KEYS}
@@ -113,6 +123,13 @@ def apply_score(
         result["harness_warning"] = warning
     if status != "ok":
         return "invalid", str(score.get("invalid_reason") or "the harness refused the run"), result
+    if expected_val_set is not None and score.get("val_set") != expected_val_set:
+        return (
+            "invalid",
+            f"scored on validation set `{score.get('val_set')}`, the lab's is `{expected_val_set}`; "
+            "run `nightlab fleet up --relaunch` so the worker's set-up takes the lab's",
+            result,
+        )
     value = score.get(metric)
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "crash:nan", f"metric `{metric}` is {value}", result

@@ -218,7 +218,7 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
 
     Returns:
         The harness-owned summary keys: `val_bpb`, `status` (`ok` / `invalid`), `invalid_reason`,
-        `data_fingerprint`, `eval_tokens`, `eval_seconds`, `probe_rows`, plus the clock's figures.
+        `data_fingerprint`, `val_set` (demo), `eval_tokens`, `eval_seconds`, `probe_rows`, plus the clock's figures.
     """
     import torch
     import torch.nn.functional as F
@@ -244,6 +244,9 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
     result: dict[str, Any] = {
         "status": "ok",
         "data_fingerprint": manifest["fingerprint"],
+        # which validation set (demo: drawn from the data folder's secret); the controller
+        # refuses a score from another set than its lab's (`owned.apply_score`)
+        **({"val_set": manifest["source"]["val_set"]} if "val_set" in manifest.get("source", {}) else {}),
         **clock,
         "export_seconds": meta.get("export_seconds"),
     }

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nightlab.harness.cache import DataError
+from nightlab.harness.cache import DataError, val_set_digest
 from nightlab.harness.download import download_all, hub_url
 from nightlab.harness.profiles import CLIMBMIX_MAX_TRAIN_SHARDS, parse_dataset
 
@@ -135,7 +135,7 @@ def _demo(secret: bytes) -> Corpus:
         train=lambda: (d for i, d in enumerate(docs) if i % DEMO_VAL_EVERY != DEMO_VAL_EVERY - 1),
         val=lambda: iter(val),
         # a digest, not the secret: says which validation set a data folder holds (the manifest is readable)
-        info={"documents": len(docs), "val_set": hashlib.sha256(b"demo-val:" + secret).hexdigest()[:16]},
+        info={"documents": len(docs), "val_set": val_set_digest(secret)},
     )
 
 

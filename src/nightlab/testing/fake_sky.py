@@ -18,7 +18,9 @@ cluster run one at a time (each asks for the cluster's GPU); later ones wait PEN
 in SkyPilot's job queue. As on a Slurm cluster, `sky exec` answers with the job id while the
 job is still INIT (its submission goes on in the background for `queue_seconds`), and a cancel
 of an INIT job does nothing, as SkyPilot's does ("No jobs cancelled"). Set-up is simulated (a
-delay), not run.
+delay), not run; the task's `file_mounts` are copied into the cluster's home at every launch, and
+with `prepare_data=True` set-up's data step runs for real (`python -m nightlab.fleet.sky_task
+prepare` in `sky_workdir`, for a built-in target), into the cluster's own data root.
 
 Faults: `fail_setup(cluster)`, `no_capacity(cluster)`, `preempt(cluster)`,
 `preempt_job(name_part, after)`, `fail_logs(times)`, `fail_status(times)`. Autostop: a cluster with no running
@@ -131,6 +133,7 @@ class FakeSky:
         exec_seconds: from `sky.exec` to its answer (the job id; the job is INIT).
         queue_seconds: from that answer to the job being queued (PENDING) on the cluster.
         request_seconds: the API server's answer time for the small calls.
+        prepare_data: run set-up's data step for real (module docstring).
     """
 
     # a fake cluster is a directory on this machine: the resident runner's helper runs here
@@ -147,6 +150,7 @@ class FakeSky:
         exec_seconds: float = 5.0,
         queue_seconds: float = 1.0,
         request_seconds: float = 0.5,
+        prepare_data: bool = False,
     ) -> None:
         self.root = Path(root)
         self.scale = scale
@@ -155,6 +159,7 @@ class FakeSky:
         self.exec_seconds = exec_seconds
         self.queue_seconds = queue_seconds
         self.request_seconds = request_seconds
+        self.prepare_data = prepare_data
         self.clusters: dict[str, FakeCluster] = {}
         self.calls: list[tuple[str, tuple, dict]] = []
         self.tasks: list[tuple[str, str, Any]] = []  # (call, cluster, sky.Task) for inspection
@@ -309,6 +314,7 @@ class FakeSky:
                     c = self._new_cluster(cluster_name, task)
                 c.status = sky.ClusterStatus.UP
                 c.autostop, c.autodown, c.idle_since = idle_minutes_to_autostop, down, time.time()
+                _copy_file_mounts(task.file_mounts, c.home)
             log.append(f"Cluster {cluster_name} is up.")
             job = self._add_job(c, task, setup=True)
             return job.id, c.handle
@@ -561,14 +567,21 @@ class FakeSky:
                 job.status = sky.JobStatus.FAILED_SETUP
                 job.ended_at = time.time()
                 return
-        if job.status.is_terminal():  # cancelled while pending
-            return
         env = {
             "PATH": f"{c.home / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(c.home),
             "LANG": "C.UTF-8",
             **{k: str(v) for k, v in (job.task.envs or {}).items()},
         }
+        if (
+            setup
+            and self.prepare_data
+            and env.get("NIGHTLAB_BUILTIN") == "1"
+            and not self._prepare(c, job, env)
+        ):
+            return
+        if job.status.is_terminal():  # cancelled while pending
+            return
         job.proc = subprocess.Popen(
             ["bash", "-c", job.task.run or "true"],
             cwd=c.home / "sky_workdir",
@@ -589,6 +602,26 @@ class FakeSky:
                 job.status = sky.JobStatus.SUCCEEDED if code == 0 else sky.JobStatus.FAILED
             job.ended_at = time.time()
             c.idle_since = time.time()
+
+    def _prepare(self, c: FakeCluster, job: FakeJob, env: dict[str, str]) -> bool:
+        """Set-up's data step, for real; False (the job FAILED_SETUP) when it fails."""
+        # this process's nightlab is what set-up would have installed (the venv links to it)
+        path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+        done = subprocess.run(
+            [sys.executable, "-m", "nightlab.fleet.sky_task", "prepare"],
+            cwd=c.home / "sky_workdir",
+            env={**env, **path},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        job.lines.extend(f"(setup pid=4242) {line}" for line in (done.stdout + done.stderr).splitlines())
+        if done.returncode == 0:
+            return True
+        job.lines.append(f"ERROR: Job {job.id}'s setup failed with return code {done.returncode} (pid=4242).")
+        job.status, job.ended_at = sky.JobStatus.FAILED_SETUP, time.time()
+        return False
 
     def _maybe_preempt(self, c: FakeCluster, job: FakeJob) -> None:
         with self._lock:
@@ -614,6 +647,16 @@ class FakeSky:
             for proc in tree:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
+
+
+def _copy_file_mounts(mounts: dict[str, str] | None, home: Path) -> None:
+    """Copy a task's file mounts of local files to their remote paths (`~` is the cluster's home)."""
+    for remote, local in (mounts or {}).items():
+        if not Path(local).is_file():
+            continue
+        dest = home / remote[2:] if remote.startswith("~/") else home / remote.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, dest)
 
 
 def _sync_workdir(workdir: Any, dest: Path) -> None:
