@@ -245,7 +245,7 @@ class Judge:
         )
 
     def verdict(
-        self, exp: Experiment, outcome: str, value: float | None, inc: Incumbent | None = None
+        self, exp: Experiment, outcome: Outcome | str, value: float | None, inc: Incumbent | None = None
     ) -> Verdict | None:
         """The verdict a run of `exp` that ended with `outcome` and metric `value` earns now (module table)."""
         outcome = Outcome(outcome)
@@ -382,7 +382,7 @@ class Judge:
     # ------------------------------------------------------------------ the writes
 
     def end(
-        self, exp: Experiment, outcome: str, value: float | None
+        self, exp: Experiment, outcome: Outcome, value: float | None
     ) -> tuple[Verdict | None, dict[str, Any] | None]:
         """The verdict and judged context to store with a final end of `exp` (`Ledger.finish_attempt`)."""
         inc = self.incumbent()
@@ -390,7 +390,7 @@ class Judge:
         return self.verdict(exp, outcome, value, inc), judged
 
     def ended(
-        self, exp: Experiment, outcome: str, verdict: Verdict | str | None, judged: dict[str, Any] | None
+        self, exp: Experiment, outcome: Outcome, verdict: Verdict | str | None, judged: dict[str, Any] | None
     ) -> None:
         """After a run's final end was stored: its siblings' verdicts, and the candidates judged too early."""
         if outcome != Outcome.OK:

@@ -16,12 +16,12 @@ has a tier column and holds them all. `nightlab init` lists these files in the l
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
+from nightlab.atomic import atomic_path, atomic_write_text
 from nightlab.config import LabConfig
 from nightlab.display import exact
 from nightlab.fleet.costs import cost_markdown, cost_summary
@@ -39,12 +39,6 @@ def adopted_trees(exps: Iterable[Experiment]) -> set[str]:
 
 def _clean(text: str) -> str:
     return " ".join(text.split())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: str | None = None) -> str:
@@ -230,10 +224,9 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
         elif starved:
             ax.text(0.5, 0.5, "no ok run: every run here was degraded", ha="center", transform=ax.transAxes)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:  # keeps the `.png` suffix savefig reads the format from
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_report(
@@ -244,18 +237,18 @@ def write_report(
     written = []
     default = config.fleet.default_tier
     tsv = lab_dir / "results.tsv"
-    _atomic_write(tsv, results_tsv(ledger, config, tier=default))
+    atomic_write_text(tsv, results_tsv(ledger, config, tier=default))
     written.append(tsv)
     others = sorted(
         {e.tier for e in ledger.experiments(status=ExperimentStatus.FINISHED, with_metrics=False)}
     )
     for tier in (t for t in others if t != default):
         path = lab_dir / f"results-{re.sub(r'[^A-Za-z0-9_.-]', '_', tier)}.tsv"  # a tier name is free text
-        _atomic_write(path, results_tsv(ledger, config, tier=tier))
+        atomic_write_text(path, results_tsv(ledger, config, tier=tier))
         written.append(path)
     if wide:
         wide_path = lab_dir / "results-wide.tsv"
-        _atomic_write(wide_path, results_tsv(ledger, config, wide=True))
+        atomic_write_text(wide_path, results_tsv(ledger, config, wide=True))
         written.append(wide_path)
     if plot:
         png = lab_dir / "progress.png"
@@ -268,6 +261,6 @@ def write_report(
         if api is not None:
             parts.append(agent_cost_markdown(api, gpu_cost=None if costs is None else costs["total_cost"]))
         costs_path = lab_dir / "costs.md"
-        _atomic_write(costs_path, "\n".join(parts))
+        atomic_write_text(costs_path, "\n".join(parts))
         written.append(costs_path)
     return written

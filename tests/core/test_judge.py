@@ -21,7 +21,7 @@ from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, WorkerSlot
 from nightlab.fleet.controller import Controller
 from nightlab.lab import Lab, apply_sets
-from nightlab.ledger import Source, Verdict
+from nightlab.ledger import AttemptEnd, ExperimentStatus, Outcome, Source, Verdict
 
 SRC = Path(nightlab_pkg.__file__).parent
 
@@ -37,7 +37,7 @@ def _run(lab: Lab, ctrl: Controller, values: dict[str, float | None], outcome: s
     while (attempt := lab.ledger.lease_next("cpu-0", "cpu")) is not None:
         value = values[attempt.experiment_id]
         metrics = {} if value is None else {"val_bpb": value}
-        ctrl._finish(attempt, outcome=outcome, detail=None, metrics=metrics)
+        ctrl._finish(attempt, outcome=Outcome(outcome), detail=None, metrics=metrics)
 
 
 def _candidate(lab: Lab, lr: str, *, wave: str | None = None, n: int = 1, source=Source.CLI):
@@ -156,6 +156,19 @@ def test_an_infra_launch_failure_that_used_up_its_retries_is_a_crash_like_a_run_
     assert (
         (failed.outcome, failed.verdict) == (vanished.outcome, vanished.verdict) == ("infra", Verdict.CRASH)
     )
+
+
+def test_an_infra_end_of_a_run_whose_cancel_was_requested_is_final_and_judged_a_crash(lab):
+    # retries are left, but a run someone asked to cancel is not queued again: its infra end is its
+    # last, and the judge's table makes a last infra end a crash (the controller once judged it as a
+    # retry, the ledger finished it: a finished run with no verdict)
+    [run] = _candidate(lab, "0.06")
+    attempt = lab.ledger.lease_next("cpu-0", "cpu")
+    assert lab.ledger.request_cancel(run.id) == ExperimentStatus.RUNNING
+    state, _ = _controller(lab)._finish(attempt, outcome=Outcome.INFRA, detail="worker lost")
+    run = lab.ledger.get(run.id)
+    assert (state, run.status, run.attempts) == (AttemptEnd.FINISHED, ExperimentStatus.FINISHED, 1)
+    assert (run.outcome, run.verdict) == (Outcome.INFRA, Verdict.CRASH)
 
 
 # --- one writer -----------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def test_infra_retries_until_the_limit(ledger):
     ledger.add_experiments([new(1)])
     for expected in ("queued", "queued", "finished"):
         att = ledger.lease_next("w0", "cpu")
-        assert ledger.finish_attempt(att.id, outcome="infra", retry=True, max_attempts=3) == expected
+        assert ledger.finish_attempt(att.id, outcome="infra", max_attempts=3) == expected
     e = ledger.get("e0001")
     assert e.status == ExperimentStatus.FINISHED and e.outcome == "infra" and e.attempts == 3
 
@@ -89,7 +89,7 @@ def test_infra_retries_until_the_limit(ledger):
 def test_a_superseded_attempt_cannot_finish(ledger):
     ledger.add_experiments([new(1)])
     first = ledger.lease_next("w0", "cpu")
-    ledger.finish_attempt(first.id, outcome="infra", retry=True, max_attempts=3)
+    ledger.finish_attempt(first.id, outcome="infra", max_attempts=3)
     second = ledger.lease_next("w1", "cpu")
     # the first attempt's runner reports late: ignored
     assert ledger.finish_attempt(first.id, outcome="ok") is None
@@ -99,7 +99,7 @@ def test_a_superseded_attempt_cannot_finish(ledger):
 def test_queued_infra_retries_name_the_worker_they_left_and_a_lease_can_be_limited_to_them(ledger):
     ledger.add_experiments([new(1), new(2), new(3)])
     first, second = ledger.lease_next("w0", "cpu"), ledger.lease_next("w0", "cpu")
-    ledger.finish_attempt(first.id, outcome="infra", retry=True, max_attempts=3)
+    ledger.finish_attempt(first.id, outcome="infra", max_attempts=3)
     ledger.finish_attempt(second.id, outcome="crash:exception")
     assert ledger.infra_retries() == {"e0001": "w0"}  # queued, and its last attempt ended infra on w0
     assert ledger.lease_next("w1", "cpu", only=["e0003"]).experiment_id == "e0003"  # not the older e0001

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nightlab.fleet.runner import classify, parse_summary, read_tail, trim_log
+from nightlab.outcome import Outcome
 
 SUMMARY = "---\nval_bpb:          0.997900\ntraining_seconds: 300.1\ndevice: cuda\n"
 
@@ -65,7 +66,7 @@ def test_classify_keeps_the_exception_line():
 def test_timeout_and_lost_and_fingerprint():
     assert classify(None, "", metric="val_bpb", timed_out=True).outcome == "timeout"
     lost = classify(None, "step 1\n", metric="val_bpb", lost=True)
-    assert lost.outcome == "infra" and lost.retry
+    assert lost.outcome is Outcome.INFRA  # an enum member, not a string that a typo could miss
     text = "---\nval_bpb: 1.0\ndata_fingerprint: abc\n"
     assert classify(0, text, metric="val_bpb", expected_fingerprint="abc").outcome == "ok"
     bad = classify(0, text, metric="val_bpb", expected_fingerprint="def")

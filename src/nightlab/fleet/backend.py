@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from nightlab.ledger import Experiment
+    from nightlab.ledger import Experiment, Outcome
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,10 @@ class VerdictPolicy(Protocol):
     the final end of an attempt, in the same transaction, and calls `ended` afterwards.
     """
 
-    def end(self, exp: Experiment, outcome: str, value: float | None) -> tuple[str | None, dict | None]:
+    def end(self, exp: Experiment, outcome: Outcome, value: float | None) -> tuple[str | None, dict | None]:
         """The verdict and judged context to store with a final end of `exp`."""
         ...
 
-    def ended(self, exp: Experiment, outcome: str, verdict: str | None, judged: dict | None) -> None:
+    def ended(self, exp: Experiment, outcome: Outcome, verdict: str | None, judged: dict | None) -> None:
         """Called once a final end was stored (re-judge what it changed)."""
         ...

@@ -29,11 +29,12 @@ import json
 import os
 import re
 import sys
-import threading
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from nightlab.atomic import atomic_path
 
 DIST = "nightlab"
 _SKIP_DIRS = {"__pycache__"}
@@ -162,15 +163,16 @@ def build_wheel(out_dir: Path) -> Wheel:
         entries.append((f"{info}/entry_points.txt", entry_points.encode()))
     record = [_record_line(name, data) for name, data in entries] + [f"{info}/RECORD,,"]
     entries.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode()))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with (
+        atomic_path(path, unique=True) as tmp,
+        zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf,
+    ):
         for name, data in entries:
             # a fixed timestamp: the same code gives the same bytes, so the same sha256
             zinfo = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
             zinfo.external_attr = 0o644 << 16
             zinfo.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(zinfo, data)
-    os.replace(tmp, path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     return Wheel(path=path, sha256=sha, code=code, version=version, source=install_source())
 

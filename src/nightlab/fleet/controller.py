@@ -20,6 +20,7 @@ the verdict policy that the lab injects).
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -43,7 +44,7 @@ from nightlab.fleet.runner import (
 )
 from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
-from nightlab.ledger import Attempt, Experiment, Ledger
+from nightlab.ledger import Attempt, AttemptEnd, Experiment, Ledger, Outcome, WorkerState
 from nightlab.ledger.integrity import free_bytes
 
 log = logging.getLogger("nightlab.controller")
@@ -51,6 +52,14 @@ log = logging.getLogger("nightlab.controller")
 HEARTBEAT_SECONDS = 1.0
 KILL_GRACE_SECONDS = 30.0  # after a kill, how long to wait for the run to report its end
 LOW_DISK_BYTES = 1 << 20  # below 1 MiB free a log write can fail: such a crash is the disk's, not the code's
+
+
+class _Kill(enum.Enum):
+    """Why the controller killed a run (its end is then recorded as that, not as what the log says)."""
+
+    TIMEOUT = enum.auto()  # past its deadline after it started
+    CANCELLED = enum.auto()  # someone asked (`nightlab cancel`)
+    UNSTARTED = enum.auto()  # past its deadline without ever starting: the backend's fault, `infra`
 
 
 @dataclass
@@ -61,7 +70,7 @@ class _Active:
     handle: dict[str, Any]
     deadline: float  # lease + timeout + the backend's start patience, then start + timeout
     started: bool = False
-    killed: str | None = None  # "timeout" | "cancelled" | "unstarted"
+    killed: _Kill | None = None
     killed_at: float = 0.0
 
 
@@ -242,7 +251,9 @@ class Controller:
         self.health.update_slots(slots, config.fleet)
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
         for active in self.active.values():
-            self.ledger.set_worker(active.slot.name, state="busy", experiment_id=active.attempt.experiment_id)
+            self.ledger.set_worker(
+                active.slot.name, state=WorkerState.BUSY, experiment_id=active.attempt.experiment_id
+            )
         log.info(
             "took up the committed nightlab.toml: %d slots (%s)", len(slots), ", ".join(config.fleet.tiers)
         )
@@ -260,13 +271,13 @@ class Controller:
         # runs that we kill here did nothing wrong: they go back to the queue
         for active in list(self.active.values()):
             self._backend(active.slot).kill(active.slot, active.spec, active.handle)
-            self.ledger.finish_attempt(
-                active.attempt.id,
-                outcome="infra",
+            # one more attempt than this one: a stop is not the run's fault, so it uses up no retry
+            self._finish(
+                active.attempt,
+                outcome=Outcome.INFRA,
                 detail="the controller was stopped; requeued",
-                retry=True,
                 max_attempts=active.attempt.number + 1,
-                worker_state="stopped",
+                worker_state=WorkerState.STOPPED,
             )
             self._backend(active.slot).cleanup(active.spec)
         self.active.clear()
@@ -365,7 +376,7 @@ class Controller:
             deadline = attempt.started_at + spec.timeout + self._backend(slot).start_patience(slot, spec)
             self.active[key] = _Active(slot, attempt, spec, attempt.handle, deadline)
             self.health.watch(attempt, slot, attempt.handle)
-            self.ledger.set_worker(slot.name, state="busy", experiment_id=attempt.experiment_id)
+            self.ledger.set_worker(slot.name, state=WorkerState.BUSY, experiment_id=attempt.experiment_id)
             self.ledger.log_event("reattach", attempt.experiment_id, worker=slot.name, attempt=attempt.number)
 
     # ------------------------------------------------------------------ the two halves of a turn
@@ -390,14 +401,14 @@ class Controller:
             if ended is None and active.killed is None:
                 if now > active.deadline:
                     late = not active.started and backend.start_patience(active.slot, active.spec) > 0
-                    active.killed, active.killed_at = "unstarted" if late else "timeout", now
+                    active.killed, active.killed_at = _Kill.UNSTARTED if late else _Kill.TIMEOUT, now
                     backend.kill(active.slot, active.spec, active.handle)
                 elif active.spec.experiment_id in cancel:
-                    active.killed, active.killed_at = "cancelled", now
+                    active.killed, active.killed_at = _Kill.CANCELLED, now
                     backend.kill(active.slot, active.spec, active.handle)
             if ended is None and active.killed and now - active.killed_at > KILL_GRACE_SECONDS:
                 ended = RunExit(None, lost=True, detail="did not exit after being killed")
-            if ended is not None and active.killed == "unstarted":
+            if ended is not None and active.killed is _Kill.UNSTARTED:
                 ended = RunExit(
                     None, lost=True, detail=f"did not start within {now - active.attempt.started_at:.0f} s"
                 )
@@ -408,14 +419,14 @@ class Controller:
 
     def _record(self, active: _Active, ended: RunExit) -> None:
         tail = read_tail(active.spec.log_path)
-        if active.killed == "cancelled":
-            outcome, detail, metrics = "cancelled", "cancelled by the user", {}
+        if active.killed is _Kill.CANCELLED:
+            outcome, detail, metrics = Outcome.CANCELLED, "cancelled by the user", {}
         else:
             result = classify(
                 ended.exit_code,
                 tail,
                 metric=self.config.metric.name,
-                timed_out=active.killed == "timeout",
+                timed_out=active.killed is _Kill.TIMEOUT,
                 lost=ended.lost,
                 expected_fingerprint=self._fingerprint,
                 max_training_seconds=self._max_training,
@@ -424,14 +435,16 @@ class Controller:
             )
             # for an infra end the backend knows best what happened (e.g. which cluster went down)
             first, second = (
-                (ended.detail, result.detail) if result.outcome == "infra" else (result.detail, ended.detail)
+                (ended.detail, result.detail)
+                if result.outcome is Outcome.INFRA
+                else (result.detail, ended.detail)
             )
             outcome, detail, metrics = result.outcome, first or second, result.metrics
             if self._scored(active.slot.backend):
                 from nightlab.harness.owned import apply_score, read_score
 
                 score = read_score(active.spec.run_dir)
-                outcome, detail, metrics = apply_score(
+                scored, detail, metrics = apply_score(
                     outcome,
                     detail,
                     metrics,
@@ -439,19 +452,20 @@ class Controller:
                     metric=self.config.metric.name,
                     expected_val_set=self._val_set,
                 )
-                if outcome == "ok":
+                outcome = Outcome(scored)  # the harness speaks in the stored strings
+                if outcome is Outcome.OK:
                     metrics = self._flag_seed(active.spec.experiment_id, metrics)
-            if (outcome.startswith("crash:") or outcome == "infra") and _disk_full(active.spec.run_dir, tail):
+            if (outcome.is_crash() or outcome is Outcome.INFRA) and _disk_full(active.spec.run_dir, tail):
                 # the run could not write its log: not the code's fault, so retry it when there is room
                 free = free_bytes(active.spec.run_dir)
-                outcome = "infra"
+                outcome = Outcome.INFRA
                 detail = (
                     f"the disk holding `{active.spec.run_dir}` filled up while the run wrote its log "
                     f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
                 )
         health = self.health.finish(active.attempt)
-        if outcome == "ok" and health is not None and health.degraded:
-            outcome, detail = "degraded", health.reason
+        if outcome is Outcome.OK and health is not None and health.degraded:
+            outcome, detail = Outcome.DEGRADED, health.reason
         state, exp = self._finish(
             active.attempt,
             outcome=outcome,
@@ -461,7 +475,7 @@ class Controller:
             health=health.to_dict() if health is not None else None,
         )
         trim_log(active.spec.log_path)
-        if state == "finished" and outcome == "degraded":
+        if state is AttemptEnd.FINISHED and outcome is Outcome.DEGRADED:
             self.health.rerun(self.ledger, self.lab_dir, exp, active.slot)
         self._backend(active.slot).cleanup(active.spec)
 
@@ -469,38 +483,45 @@ class Controller:
         self,
         attempt: Attempt,
         *,
-        outcome: str,
+        outcome: Outcome,
         detail: str | None,
         exit_code: int | None = None,
         metrics: dict[str, Any] | None = None,
         health: dict[str, Any] | None = None,
-    ) -> tuple[str | None, Experiment]:
-        """End an attempt that ran or could not start; a final end carries the policy's verdict.
+        max_attempts: int | None = None,
+        worker_state: WorkerState = WorkerState.IDLE,
+    ) -> tuple[AttemptEnd | None, Experiment]:
+        """End an attempt that ran, could not start or was stopped with the controller; a final end
+        carries the policy's verdict.
 
-        One path for both, so a refused launch and a run that says it is invalid are judged alike.
-        `infra` is retried while retries are left. Returns the experiment's new state and the
-        experiment as it was before this end.
+        One path for all, so a refused launch and a run that says it is invalid are judged alike.
+        `infra` is retried while attempts are left (`max_attempts`, by default 1 + the fleet's
+        retries) and nobody asked to cancel the run: `Outcome.is_final`, the ledger's rule too.
+        Returns the experiment's new state and the experiment as it was before this end.
         """
         exp = self.ledger.get(attempt.experiment_id)
-        retries = 1 + self.config.fleet.retries
-        final = outcome not in ("infra", "cancelled") or (outcome == "infra" and exp.attempts >= retries)
+        max_attempts = max_attempts or 1 + self.config.fleet.retries
+        final = outcome.is_final(
+            attempts=exp.attempts, max_attempts=max_attempts, cancel_requested=exp.cancel_requested
+        )
         value = (metrics or {}).get(self.config.metric.name)
-        verdict, judged = self.policy.end(exp, outcome, value) if final else (None, None)
+        judge = final and outcome is not Outcome.CANCELLED  # a cancelled run says nothing about its idea
+        verdict, judged = self.policy.end(exp, outcome, value) if judge else (None, None)
         state = self.ledger.finish_attempt(
             attempt.id,
             outcome=outcome,
             exit_code=exit_code,
             detail=detail,
             metrics=metrics,
-            retry=outcome == "infra",
-            max_attempts=retries,
+            max_attempts=max_attempts,
+            worker_state=worker_state,
             verdict=verdict,
             judged=judged,
             health=health,
         )
-        if state == "finished":
+        if state is AttemptEnd.FINISHED:
             self.policy.ended(exp, outcome, verdict, judged)
-        elif state == "queued" and outcome == "infra":
+        elif state is AttemptEnd.QUEUED:
             self._retries[exp.id] = attempt.worker  # before the next lease, not at the next heartbeat
         return state, exp
 
@@ -531,10 +552,10 @@ class Controller:
             try:
                 handle = {"backend": slot.backend, **self._backend(slot).launch(slot, spec)}
             except NightlabError as e:
-                self._finish(attempt, outcome="invalid", detail=f"could not launch: {e}")
+                self._finish(attempt, outcome=Outcome.INVALID, detail=f"could not launch: {e}")
                 continue
             except OSError as e:  # the machine's fault (a full disk while materialising), not the code's
-                self._finish(attempt, outcome="infra", detail=f"could not launch: {e}")
+                self._finish(attempt, outcome=Outcome.INFRA, detail=f"could not launch: {e}")
                 continue
             self.ledger.update_attempt(attempt.id, handle=handle, log_path=str(spec.log_path))
             self.health.watch(attempt, slot, handle)

@@ -15,7 +15,8 @@ hours), so only the tail is ever read into memory. Classes of ending:
     invalid            the run says its result cannot be trusted (causality probe, data fingerprint),
                        or a remote worker ran other nightlab code than the controller's
 
-stdlib only: the controller imports this on its hot path.
+stdlib only (and the leaf `nightlab.outcome`): the controller imports this on its hot path, workers
+and the dashboard import it too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from nightlab.atomic import atomic_write_bytes
+from nightlab.outcome import Outcome
 
 TAIL_BYTES = 256 * 1024
 KEEP_LOG_BYTES = 8 * 1024 * 1024
@@ -44,16 +48,12 @@ _SELF_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, s
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """The class of a run's end, with a one-line explanation and the parsed summary."""
+class RunResult:
+    """What `classify` reads from a run's end: its outcome, a one-line explanation, the parsed summary."""
 
-    outcome: str
+    outcome: Outcome
     detail: str | None
     metrics: dict[str, Any]
-
-    @property
-    def retry(self) -> bool:
-        return self.outcome == "infra"
 
 
 def clean_lines(text: str) -> list[str]:
@@ -118,15 +118,11 @@ def trim_log(path: Path, keep: int = KEEP_LOG_BYTES) -> None:
     with open(path, "rb") as f:
         f.seek(size - keep)
         data = f.read()
-    tmp = path.with_suffix(".trim")
+    head = f"[nightlab: {size - keep} earlier bytes of this log were dropped]\n".encode()
     try:
-        with open(tmp, "wb") as f:
-            f.write(f"[nightlab: {size - keep} earlier bytes of this log were dropped]\n".encode())
-            f.write(data.split(b"\n", 1)[-1])
+        atomic_write_bytes(path, head + data.split(b"\n", 1)[-1])
     except OSError:  # no room for the copy (a full disk): keep the whole log rather than fail the run
-        tmp.unlink(missing_ok=True)
         return
-    os.replace(tmp, path)
 
 
 def _last_exception(lines: list[str]) -> str | None:
@@ -205,7 +201,7 @@ def classify(
     max_training_seconds: float | None = None,
     code: str | None = None,
     expected_code: str | None = None,
-) -> Outcome:
+) -> RunResult:
     """Classify one attempt from its exit code and the tail of its log.
 
     Args:
@@ -224,14 +220,14 @@ def classify(
     """
     summary = parse_summary(log_text) or {}
     if code and expected_code and code != expected_code:
-        return Outcome(
-            "invalid",
+        return RunResult(
+            Outcome.INVALID,
             f"the worker ran nightlab `{code}`, the controller runs `{expected_code}`; "
             "run `nightlab fleet up --relaunch` to ship the controller's build",
             summary,
         )
     if timed_out:
-        return Outcome("timeout", "hard time limit reached; the process group was killed", summary)
+        return RunResult(Outcome.TIMEOUT, "hard time limit reached; the process group was killed", summary)
     lines = clean_lines(log_text)
     signum = None
     if exit_code is not None and exit_code < 0:
@@ -241,53 +237,55 @@ def classify(
     exception = _last_exception(lines)
 
     if exit_code == 0 and summary.get("invalid_reason"):
-        return Outcome("invalid", str(summary["invalid_reason"]), summary)
+        return RunResult(Outcome.INVALID, str(summary["invalid_reason"]), summary)
     if metric in summary and exit_code == 0:
         value = summary[metric]
         if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
-            return Outcome("crash:nan", f"metric `{metric}` is {value}", summary)
+            return RunResult(Outcome.CRASH_NAN, f"metric `{metric}` is {value}", summary)
         found = summary.get("data_fingerprint")
         if expected_fingerprint and found is not None and str(found) != expected_fingerprint:
-            return Outcome(
-                "invalid",
+            return RunResult(
+                Outcome.INVALID,
                 f"data fingerprint `{found}` differs from the lab's `{expected_fingerprint}`; "
                 "run `nightlab prepare` on that worker",
                 summary,
             )
         trained = summary.get("training_seconds")
         if max_training_seconds and isinstance(trained, float) and trained > max_training_seconds:
-            return Outcome(
-                "invalid",
+            return RunResult(
+                Outcome.INVALID,
                 f"trained {trained:.1f} s, more than the lab's budget allows ({max_training_seconds:.1f} s)",
                 summary,
             )
-        return Outcome("ok", None, summary)
+        return RunResult(Outcome.OK, None, summary)
 
     fail = next((line.strip() for line in reversed(lines) if line.startswith("FAIL")), None)
     if fail:
-        return Outcome("crash:nan", fail, summary)
+        return RunResult(Outcome.CRASH_NAN, fail, summary)
     if exception:
         kind = exception.split(":", 1)[0]
         if kind in ("SyntaxError", "IndentationError", "TabError"):
-            return Outcome("crash:syntax", exception, summary)
+            return RunResult(Outcome.CRASH_SYNTAX, exception, summary)
         if _OOM.search(exception) or kind.endswith("OutOfMemoryError"):
-            return Outcome("crash:oom", exception, summary)
-        return Outcome("crash:exception", exception, summary)
+            return RunResult(Outcome.CRASH_OOM, exception, summary)
+        return RunResult(Outcome.CRASH_EXCEPTION, exception, summary)
     if any(_OOM.search(line) for line in lines[-50:]):
-        return Outcome("crash:oom", "out of memory", summary)
+        return RunResult(Outcome.CRASH_OOM, "out of memory", summary)
     if lost:
-        return Outcome("infra", "the run vanished without an exit status (worker lost)", summary)
+        return RunResult(Outcome.INFRA, "the run vanished without an exit status (worker lost)", summary)
     if signum is not None:
         name = _signal_name(signum)
         if signum in {int(s) for s in _SELF_SIGNALS}:
-            return Outcome("crash:exception", f"died of {name}", summary)
-        return Outcome("infra", f"killed by {name} from outside", summary)
+            return RunResult(Outcome.CRASH_EXCEPTION, f"died of {name}", summary)
+        return RunResult(Outcome.INFRA, f"killed by {name} from outside", summary)
     if exit_code == 0:
         if summary:
-            return Outcome("crash:no-summary", f"summary block has no `{metric}`", summary)
-        return Outcome("crash:no-summary", "exited 0 without a summary block", summary)
+            return RunResult(Outcome.CRASH_NO_SUMMARY, f"summary block has no `{metric}`", summary)
+        return RunResult(Outcome.CRASH_NO_SUMMARY, "exited 0 without a summary block", summary)
     if exit_code is None:
-        return Outcome("infra", "exit status unknown", summary)
+        return RunResult(Outcome.INFRA, "exit status unknown", summary)
     if metric in summary:
-        return Outcome("crash:exception", f"printed a summary but exited with code {exit_code}", summary)
-    return Outcome("crash:exception", f"exited with code {exit_code} and no traceback", summary)
+        return RunResult(
+            Outcome.CRASH_EXCEPTION, f"printed a summary but exited with code {exit_code}", summary
+        )
+    return RunResult(Outcome.CRASH_EXCEPTION, f"exited with code {exit_code} and no traceback", summary)

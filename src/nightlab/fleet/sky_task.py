@@ -30,12 +30,12 @@ import io
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from nightlab import __version__
+from nightlab.atomic import atomic_write_text
 from nightlab.config import PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import RunSpec
@@ -275,9 +275,7 @@ def worker_yaml(lab_dir: Path) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         # launches run on several threads: the file must appear whole or not at all
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(WORKER_YAML)
-        os.replace(tmp, path)
+        atomic_write_text(path, WORKER_YAML, unique=True)
     return path
 
 
@@ -567,7 +565,7 @@ def save_score(run_dir: Path, tags: dict[str, str], *, worker_sandbox: str | Non
     import binascii
     import json
 
-    from nightlab.harness.scorer import write_json
+    from nightlab.atomic import atomic_write_json
 
     raw = tags.get("score")
     if not raw or raw == "none":
@@ -581,7 +579,7 @@ def save_score(run_dir: Path, tags: dict[str, str], *, worker_sandbox: str | Non
     if worker_sandbox == "none" and data.get("sandbox") != "none":
         data.update(sandbox="none", unsandboxed="the worker's set-up probe found no working bubblewrap")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(run_dir) / "score.json", data)
+    atomic_write_json(Path(run_dir) / "score.json", data, indent=1, sort_keys=True)
     return True
 
 

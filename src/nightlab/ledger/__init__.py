@@ -14,7 +14,7 @@ Contract (what every caller may rely on):
   end exactly once even when a controller dies and a second one takes over.
 
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
-`ExperimentStatus`, `Verdict`, `Outcome`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
+`ExperimentStatus`, `Verdict`, `Outcome` (from `nightlab.outcome`), `AttemptEnd`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
 `_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
 (`ReadOnlyLedger`, the dashboard's), `_recover` (what a restore reads from a damaged ledger and writes back), `_trackers` (the experiment trackers' cursor and runs). Every SQL statement of nightlab lives in this package.
 """
@@ -26,6 +26,7 @@ from nightlab.ledger._recover import RecoveryPlan, RunEnd, Salvage, read_damaged
 from nightlab.ledger._rows import (
     AgentRun,
     Attempt,
+    AttemptEnd,
     ControllerRecord,
     Event,
     Experiment,
@@ -38,6 +39,7 @@ from nightlab.ledger._rows import (
     Verdict,
     Wave,
     Worker,
+    WorkerState,
 )
 from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
 from nightlab.ledger._trackers import TrackerRun, TrackerState
@@ -47,6 +49,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AgentRun",
     "Attempt",
+    "AttemptEnd",
     "BaseLedger",
     "ControllerRecord",
     "Event",
@@ -67,6 +70,7 @@ __all__ = [
     "Verdict",
     "Wave",
     "Worker",
+    "WorkerState",
     "open_ledger",
     "read_damaged",
 ]

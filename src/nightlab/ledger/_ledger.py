@@ -25,11 +25,14 @@ from nightlab.ledger._rows import (
     AGENT_RUN_JSON,
     AgentRun,
     Attempt,
+    AttemptEnd,
     Experiment,
     ExperimentStatus,
     NewExperiment,
+    Outcome,
     SearchProgress,
     Wave,
+    WorkerState,
     _to_attempt,
     _to_experiment,
     _to_search_progress,
@@ -308,26 +311,26 @@ class Ledger(TrackerWrites, BaseLedger):
         self,
         attempt_id: int,
         *,
-        outcome: str,
+        outcome: Outcome | str,
         exit_code: int | None = None,
         detail: str | None = None,
         metrics: dict[str, Any] | None = None,
-        retry: bool = False,
         max_attempts: int = 1,
-        worker_state: str = "idle",
+        worker_state: WorkerState = WorkerState.IDLE,
         verdict: str | None = None,
         judged: dict[str, Any] | None = None,
         health: dict[str, Any] | None = None,
-    ) -> str | None:
+    ) -> AttemptEnd | None:
         """End an attempt and, through it, its experiment.
 
-        `retry=True` (infrastructure failures) puts the experiment back in the queue while
-        it has had fewer than `max_attempts` attempts. `verdict` is stored with a final
+        An `infra` end puts the experiment back in the queue while it has had fewer than
+        `max_attempts` attempts and nobody asked to cancel it (`Outcome.is_final`, the rule the
+        controller asks too before it asks for a verdict). `verdict` is stored with a final
         outcome in the same transaction, with `judged` (what it was judged against) and the
-        attempt's machine `health`. Returns the experiment's new state
-        (`"queued"`, `"finished"`, `"cancelled"`), or None when this attempt had already
-        ended or was superseded: nothing is changed then.
+        attempt's machine `health`. Returns the experiment's new state (`AttemptEnd`), or None
+        when this attempt had already ended or was superseded: nothing is changed then.
         """
+        outcome = Outcome(outcome)  # an unknown outcome fails here, before anything is written
         now = time.time()
         with self.transaction() as c:
             a = c.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
@@ -346,19 +349,24 @@ class Ledger(TrackerWrites, BaseLedger):
                 (worker_state, now, a["worker"], e["id"]),
             )
             eid = e["id"]
-            if outcome == "cancelled":
-                state = "cancelled"
+            final = outcome.is_final(
+                attempts=e["attempts"],
+                max_attempts=max_attempts,
+                cancel_requested=bool(e["cancel_requested"]),
+            )
+            if outcome is Outcome.CANCELLED:
+                state = AttemptEnd.CANCELLED
                 c.execute(
                     "UPDATE experiments SET status = ?, outcome = ?, detail = ?, finished_at = ? WHERE id = ?",
                     (int(ExperimentStatus.CANCELLED), outcome, detail, now, eid),
                 )
-            elif retry and e["attempts"] < max_attempts and not e["cancel_requested"]:
-                state = "queued"
+            elif not final:
+                state = AttemptEnd.QUEUED
                 c.execute(
                     "UPDATE experiments SET status = ? WHERE id = ?", (int(ExperimentStatus.QUEUED), eid)
                 )
             else:
-                state = "finished"
+                state = AttemptEnd.FINISHED
                 c.execute(
                     "UPDATE experiments SET status = ?, outcome = ?, detail = ?, verdict = ?, finished_at = ?,"
                     " judged = ?, health = ? WHERE id = ?",
@@ -467,7 +475,7 @@ class Ledger(TrackerWrites, BaseLedger):
                 )
 
     def set_worker(
-        self, name: str, *, state: str, experiment_id: str | None = None, info: dict | None = None
+        self, name: str, *, state: WorkerState, experiment_id: str | None = None, info: dict | None = None
     ) -> None:
         with self.transaction() as c:
             if info is None:

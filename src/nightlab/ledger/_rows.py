@@ -1,7 +1,8 @@
 """The ledger's rows as frozen dataclasses, and the one decoder per table from `sqlite3.Row`.
 
 Every object a ledger returns is one of these: a snapshot that never changes under its caller.
-`ExperimentStatus` is an `IntEnum` (stored as its integer), never a string.
+`ExperimentStatus` is an `IntEnum` (stored as its integer), never a string; `Outcome` lives in the
+leaf module `nightlab.outcome` (the fleet's runner needs it without the ledger) and is re-exported here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from nightlab.outcome import Outcome
 
 
 class ExperimentStatus(enum.IntEnum):
@@ -59,28 +62,12 @@ class Verdict(enum.StrEnum):
         return None if value is None else _member(cls, value)
 
 
-class Outcome(enum.StrEnum):
-    """How a run ended (`fleet/runner.py` classifies; the table there says when each applies)."""
+class AttemptEnd(enum.StrEnum):
+    """What `Ledger.finish_attempt` made of an attempt's end: the experiment's state after it."""
 
-    OK = "ok"
-    CRASH_SYNTAX = "crash:syntax"
-    CRASH_EXCEPTION = "crash:exception"
-    CRASH_OOM = "crash:oom"
-    CRASH_NAN = "crash:nan"
-    CRASH_NO_SUMMARY = "crash:no-summary"
-    TIMEOUT = "timeout"
-    INFRA = "infra"  # the machine's fault: retried on another attempt while retries are left
-    INVALID = "invalid"
+    QUEUED = "queued"  # an `infra` end with attempts left: the experiment waits for its next attempt
+    FINISHED = "finished"  # a final end (`Outcome.is_final`): the outcome and the verdict are stored
     CANCELLED = "cancelled"
-    DEGRADED = "degraded"
-
-    @property
-    def is_crash(self) -> bool:
-        return self.value.startswith("crash:")
-
-    @classmethod
-    def read(cls, value: str | None) -> Outcome | None:
-        return None if value is None else _member(cls, value)
 
 
 class Source(enum.StrEnum):
@@ -141,12 +128,12 @@ class Experiment(_AsDict):
 
     @property
     def ok(self) -> bool:
-        return self.status == ExperimentStatus.FINISHED and self.outcome == "ok"
+        return self.status == ExperimentStatus.FINISHED and self.outcome == Outcome.OK
 
     @property
     def degraded(self) -> bool:
         """Finished with a summary, but its machine starved or throttled it: never judged."""
-        return self.status == ExperimentStatus.FINISHED and self.outcome == "degraded"
+        return self.status == ExperimentStatus.FINISHED and self.outcome == Outcome.DEGRADED
 
     def metric(self, key: str) -> float | None:
         value = self.metrics.get(key)
@@ -277,12 +264,20 @@ class SearchProgress(_AsDict):
     settled: bool = False
 
 
+class WorkerState(enum.StrEnum):
+    """What a worker slot of the `workers` table is doing (its SQL writes these same words)."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPED = "stopped"  # its controller stopped (or stopped it): no work until one runs again
+
+
 @dataclass(frozen=True)
 class Worker(_AsDict):
     name: str
     tier: str
     backend: str
-    state: str
+    state: WorkerState
     experiment_id: str | None
     info: dict[str, Any]
     updated_at: float
@@ -413,7 +408,7 @@ def _to_worker(row: sqlite3.Row) -> Worker:
         name=row["name"],
         tier=row["tier"],
         backend=row["backend"],
-        state=row["state"],
+        state=WorkerState(row["state"]),
         experiment_id=row["experiment_id"],
         info=json.loads(row["info"]),
         updated_at=row["updated_at"],

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit, RunSpec
 from nightlab.fleet.sky_task import JobLogSink, add_run_keys, job_name, save_score
 from nightlab.fleet.skypilot import core
@@ -364,9 +364,7 @@ class Jobs:
         except (OSError, ValueError):
             saved = {}
         saved.update(data, cluster=run.cluster.name)
-        tmp = path.with_name(f".sky.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(saved))
-        os.replace(tmp, path)
+        atomic_write_json(path, saved, unique=True)
 
     def _end(self, run: Run, ended: RunExit) -> None:
         with self.shared.lock:

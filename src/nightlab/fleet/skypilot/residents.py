@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nightlab import procs
+from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit
 from nightlab.fleet.sky_task import _resources, _sky, load_worker_config
 from nightlab.fleet.skypilot import core, resident
@@ -701,9 +702,7 @@ class Residents:
         path = self._record_path(res.cluster)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"epoch": res.epoch, "job_id": res.job_id, "info": res.info, "source": SOURCE_HASH}
-        tmp = path.with_name(f".resident.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        atomic_write_json(path, data, unique=True)
 
     def forget_records(self) -> None:
         """`fleet down`: the clusters and their runners are gone."""
