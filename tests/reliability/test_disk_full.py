@@ -52,13 +52,18 @@ def small_disk(tmp_path: Path):
 def _fill(path: Path) -> Path:
     """Write a filler file until the filesystem refuses (ENOSPC); returns it."""
     filler = path / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    # unbuffered: a buffered file keeps the bytes that did not fit and raises ENOSPC again at close,
+    # or not, depending on how much room the lab left modulo the chunk size
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for chunk in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     return filler
 
 
