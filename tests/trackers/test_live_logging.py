@@ -3,7 +3,7 @@ and MLflow (SQLite) libraries, and `nightlab export` afterwards agrees with it.
 
 Read back through each library's own API (`readback.py`): run count, config / params, metrics,
 tags, files / artifacts, groups / parent runs, the incumbent's series. Crashes and timeouts are
-logged with their class. Run: `.venv/bin/python -m pytest tests/trackers/test_live.py -q`
+logged with their class. Run: `.venv/bin/python -m pytest tests/trackers/test_live_logging.py -q`
 """
 
 from __future__ import annotations
