@@ -66,8 +66,14 @@ def demo(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_demo_finds_the_known_effect_and_tells_the_story(synthetic_demo, tmp_path, capsys, monkeypatch):
+    from nightlab.harness.sandbox import available
+
     monkeypatch.setenv("NIGHTLAB_NO_SANDBOX", "1")  # the start and the story say runs are unsandboxed
-    code, stdout, stderr = demo(capsys, "--dir", "demo-lab", "--json")
+    available.cache_clear()  # an earlier test of this process may have cached "sandboxed"
+    try:
+        code, stdout, stderr = demo(capsys, "--dir", "demo-lab", "--json")
+    finally:
+        available.cache_clear()  # nor may this test's answer leak into later ones
     assert code == 0, stderr
     out = json.loads(stdout)
     lab = tmp_path / "demo-lab"
