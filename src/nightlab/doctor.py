@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nightlab import evidence
 from nightlab.errors import LedgerError, NightlabError, UsageError
 from nightlab.ledger import ReadOnlyLedger, backup, integrity
 
@@ -345,15 +346,9 @@ def _check_controller(lab: Path, ledger: ReadOnlyLedger) -> list[Check]:
 
 
 def _check_snapshots(lab: Path, ledger: ReadOnlyLedger) -> list[Check]:
-    proc = subprocess.run(
-        ["git", "for-each-ref", "--format=%(refname:lstrip=2) %(objectname)", "refs/nightlab/"],
-        cwd=lab,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
+    refs = evidence.refs(lab)
+    if refs is None:
         return []  # the git check already says why
-    refs = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     rows = ledger.snapshot_states()
     missing = [(eid, snapshot, status) for eid, snapshot, status in rows if eid not in refs]
     if not missing:

@@ -30,8 +30,8 @@ def seq_of(experiment_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def refs(lab_dir: Path) -> dict[str, str]:
-    """Every snapshot ref of the lab, id -> commit (empty when git cannot answer)."""
+def refs(lab_dir: Path) -> dict[str, str] | None:
+    """Every snapshot ref of the lab, id -> commit (None when git cannot answer)."""
     proc = subprocess.run(
         ["git", "for-each-ref", "--format=%(refname:lstrip=2) %(objectname)", "refs/nightlab/"],
         cwd=lab_dir,
@@ -39,7 +39,7 @@ def refs(lab_dir: Path) -> dict[str, str]:
         text=True,
     )
     if proc.returncode != 0:
-        return {}
+        return None
     return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
 
 
@@ -88,7 +88,7 @@ def _trace(number: int, folder: Path) -> AttemptTrace:
 
 def highest_seq(lab_dir: Path) -> int:
     """The highest id sequence number a snapshot ref or a run folder holds (0 when none)."""
-    ids = set(refs(lab_dir))
+    ids = set(refs(lab_dir) or {})
     root = Path(lab_dir) / ".nightlab" / "runs"
     if root.is_dir():
         ids.update(entry.name for entry in root.iterdir())

@@ -50,7 +50,7 @@ def restore(lab: Path, path: Path | None = None) -> dict[str, Any]:
     used, aside = backup.restore_backup(ledger_path, path)
     salvage = read_damaged(aside) if aside is not None else Salvage(unreadable=["ledger.db (missing)"])
     config = _config(lab)
-    refs, runs = evidence.refs(lab), evidence.run_folders(lab)
+    refs, runs = evidence.refs(lab) or {}, evidence.run_folders(lab)
     account: dict[str, Any] = {
         "restored": str(used),
         "replaced": str(aside) if aside else None,
