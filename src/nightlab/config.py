@@ -455,10 +455,13 @@ def _parse_trackers(t: dict) -> TrackersConfig:
             )
         experiment = _get(m, "trackers.mlflow", "experiment", str, "nightlab")
         ui_url = _get(m, "trackers.mlflow", "ui_url", str, None)
-        if not experiment.strip() or (ui_url is not None and not re.match(r"https?://", ui_url)):
+        if not experiment.strip():
             raise ConfigError(
-                f"{CONFIG_NAME}: `trackers.mlflow.experiment` must be a name and `trackers.mlflow.ui_url` "
-                f"an http(s) address, got `{experiment}` and `{ui_url}`"
+                f"{CONFIG_NAME}: `trackers.mlflow.experiment` is empty; name the MLflow experiment"
+            )
+        if ui_url is not None and not re.match(r"https?://", ui_url):
+            raise ConfigError(
+                f"{CONFIG_NAME}: `trackers.mlflow.ui_url` is `{ui_url}`; use the MLflow UI's http(s) address"
             )
         mlflow = MlflowConfig(tracking_uri=uri, experiment=experiment, ui_url=ui_url)
     return TrackersConfig(wandb=wandb, mlflow=mlflow)
