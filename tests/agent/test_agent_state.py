@@ -17,7 +17,8 @@ from dataclasses import replace
 import pytest
 
 from nightlab.agent.control import read_state, status
-from nightlab.ledger import AgentRun, Ledger
+from nightlab.errors import NightlabError
+from nightlab.ledger import AgentRun, AgentRunStatus, Ledger
 
 
 def new_run(**fields) -> AgentRun:
@@ -53,11 +54,12 @@ def test_the_record_round_trips_typed(ledger):
     ledger.add_agent_session({"n": 1, "end": "exit 0", "cost_usd": 0.25})
     ledger.add_agent_session({"n": 2, "end": "stall", "cost_usd": None})
     run = ledger.agent_run()
+    assert run.status is AgentRunStatus.RUNNING  # an enum from the row, not a bare string
     assert run.command == ("claude", "-p") and run.limits == {"max_hours": 8, "max_cost": None}
     assert run.experiments_submitted == 2 and run.restarts_total == 1 and run.cost_usd == 0.25
     assert run.api["failures"] == 1 and run.restarts == (1002.0,)
     assert [s["end"] for s in run.sessions] == ["exit 0", "stall"]
-    as_json = run.as_dict()
+    as_json = run.to_dict()
     assert as_json["command"] == ["claude", "-p"] and isinstance(as_json["sessions"], list)
     json.dumps(as_json)  # the `agent status --json` document
     # a new run replaces the last one and its sessions
@@ -167,3 +169,13 @@ def test_an_old_labs_state_json_is_imported_once(make_lab):
     with Ledger(lab / ".nightlab" / "ledger.db") as ledger:
         assert ledger.agent_run().cost_usd == 0.1
     assert status(lab)["status"] == "stopped"  # from the ledger now
+
+
+def test_an_old_state_json_with_an_unknown_status_is_refused_by_name(make_lab):
+    lab = make_lab(slots=1)
+    folder = lab / ".nightlab" / "agent"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"pid": 1, "status": "runing", "agent": "codex"}))
+    with pytest.raises(NightlabError, match="unknown supervisor status `runing`; delete it"):
+        read_state(lab)
+    assert (folder / "state.json").is_file()  # nothing imported, nothing renamed

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nightlab.errors import LedgerError, NightlabError
-from nightlab.ledger import AgentRun
+from nightlab.ledger import AgentRun, AgentRunStatus
 from nightlab.lifecycle import ProcessTimeout, Singleton, alive
 
 AGENT_DIR = Path(".nightlab") / "agent"
@@ -42,7 +42,7 @@ def process(lab_dir: Path) -> Singleton:
 
 
 def read_state(lab_dir: Path, *, import_old: bool = True) -> dict[str, Any] | None:
-    """The supervisor's run as the ledger holds it (`ledger.AgentRun.as_dict`), or None if none ran.
+    """The supervisor's run as the ledger holds it (`ledger.AgentRun.to_dict`), or None if none ran.
 
     A lab from before the record (its supervisor wrote `.nightlab/agent/state.json`) has that
     file imported once, then renamed `state.json.imported`. With `import_old=False` (the
@@ -56,15 +56,15 @@ def read_state(lab_dir: Path, *, import_old: bool = True) -> dict[str, Any] | No
     db = lab_dir / ".nightlab" / "ledger.db"
     run = _recorded(db)
     if run is not None:
-        return run.as_dict()
+        return run.to_dict()
     legacy = agent_dir(lab_dir) / STATE_NAME
     if not legacy.is_file():
         return None
     if not import_old or not db.is_file():
-        return _read_legacy(legacy).as_dict()
+        return _read_legacy(legacy).to_dict()
     with open_ledger(lab_dir) as ledger:
         run = ledger.agent_run() or _import_state_json(legacy, ledger)
-    return run.as_dict()
+    return run.to_dict()
 
 
 def _recorded(db: Path) -> AgentRun | None:
@@ -94,6 +94,12 @@ def _read_legacy(path: Path) -> AgentRun:
     values.setdefault("updated_at", values["started_at"])
     for key in ("command", "restarts", "api_outages", "sessions"):
         values[key] = tuple(values.get(key) or ())
+    try:
+        values["status"] = AgentRunStatus(values["status"])
+    except ValueError:
+        raise NightlabError(
+            f"`{path}` has an unknown supervisor status `{values['status']}`; delete it"
+        ) from None
     return AgentRun(**values)
 
 
@@ -167,8 +173,8 @@ def status(lab_dir: Path, *, import_old: bool = True) -> dict[str, Any]:
     state = dict(read_state(lab_dir, import_old=import_old) or {})
     running = running_pid(lab_dir) is not None
     state["running"] = running
-    if state.get("status") == "running" and not running:
-        state["status"] = "dead"  # killed without cleaning up: its agent may still run
+    if state.get("status") == AgentRunStatus.RUNNING and not running:
+        state["status"] = AgentRunStatus.DEAD  # killed without cleaning up: its agent may still run
     state["agent_alive"] = alive(state.get("agent_pid"))
     state["gpu_cost_usd"] = None
     db = lab_dir / ".nightlab" / "ledger.db"

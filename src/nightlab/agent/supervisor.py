@@ -63,7 +63,7 @@ from nightlab.agent.transcripts import (
 from nightlab.config import AgentConfig
 from nightlab.display import clock
 from nightlab.errors import NightlabError
-from nightlab.ledger import AgentRun
+from nightlab.ledger import AgentRun, AgentRunStatus
 from nightlab.lifecycle import stop_group
 
 START_FAILURE_SECONDS = 30.0  # a built-in CLI that exits this soon without one JSON event did not start
@@ -183,7 +183,7 @@ class Supervisor:
             lab.ledger.start_agent_run(
                 AgentRun(
                     pid=os.getpid(),
-                    status="running",
+                    status=AgentRunStatus.RUNNING,
                     agent=self.command.name,
                     cli=self.command.cli,
                     command=self.command.argv,
@@ -219,7 +219,7 @@ class Supervisor:
         self.state = self._ledger.update_agent_run(add=add, **fields)
 
     def _finish(self, reason: str) -> str:
-        self._save(status="stopped", stop_reason=reason, agent_pid=None, updated_at=time.time())
+        self._save(status=AgentRunStatus.STOPPED, stop_reason=reason, agent_pid=None, updated_at=time.time())
         self.log(f"supervisor stopped: {reason}")
         return reason
 

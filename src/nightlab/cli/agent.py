@@ -134,6 +134,7 @@ def status(as_json, lab_dir) -> None:
     from nightlab.agent import lines
     from nightlab.agent.control import status as supervisor_status
     from nightlab.lab import find_lab
+    from nightlab.ledger import AgentRunStatus
 
     state = supervisor_status(find_lab(lab_dir))
     if as_json:
@@ -144,9 +145,9 @@ def status(as_json, lab_dir) -> None:
         return
     lim = state["limits"]
     click.echo(f"supervisor: {state['status']} (pid {state['pid']}), agent {state['agent']}")
-    if state["status"] == "stopped":
+    if state["status"] == AgentRunStatus.STOPPED:
         click.echo(f"  stopped: {state['stop_reason']}, {ago(state['updated_at'])} ago")
-    elif state["status"] == "dead":
+    elif state["status"] == AgentRunStatus.DEAD:
         alive = f"; its agent (pid {state['agent_pid']}) still runs" if state["agent_alive"] else ""
         click.echo(f"  the supervisor died without stopping{alive}")
     click.echo(

@@ -25,6 +25,7 @@ from nightlab.ledger._readonly import ReadOnlyLedger
 from nightlab.ledger._recover import RecoveryPlan, RunEnd, Salvage, read_damaged
 from nightlab.ledger._rows import (
     AgentRun,
+    AgentRunStatus,
     Attempt,
     AttemptEnd,
     ControllerRecord,
@@ -48,6 +49,7 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "AgentRun",
+    "AgentRunStatus",
     "Attempt",
     "AttemptEnd",
     "BaseLedger",

@@ -491,7 +491,7 @@ class Ledger(TrackerWrites, BaseLedger):
 
     def start_agent_run(self, run: AgentRun) -> None:
         """Record a new supervisor run (replacing the last one and its sessions) in one transaction."""
-        values = run.as_dict()
+        values = run.to_dict()
         sessions = values.pop("sessions")
         columns = list(values)
         with self.transaction() as c:

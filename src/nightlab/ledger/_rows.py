@@ -442,8 +442,16 @@ AGENT_RUN_JSON = ("command", "limits", "restarts", "api", "api_outages")
 AGENT_RUN_COUNTERS = ("experiments_submitted", "restarts_total", "cost_usd")
 
 
+class AgentRunStatus(enum.StrEnum):
+    """The agent supervisor's state (its row stores the first two)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    DEAD = "dead"  # never stored: `agent.control.status` says it of a supervisor killed without cleaning up
+
+
 @dataclass(frozen=True)
-class AgentRun:
+class AgentRun(_AsDict):
     """The lab's agent supervisor run (the current or the last one): `nightlab agent status`'s source.
 
     One row. The supervisor writes it only through `Ledger.start_agent_run`, `update_agent_run`
@@ -452,7 +460,7 @@ class AgentRun:
     """
 
     pid: int
-    status: str  # running | stopped (`agent.control.status` adds `dead` for a killed one)
+    status: AgentRunStatus
     agent: str
     cli: str | None
     command: tuple[str, ...]
@@ -476,9 +484,9 @@ class AgentRun:
     stop_reason: str | None = None
     sessions: tuple[dict[str, Any], ...] = ()  # one per finished session, in order
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The record as the `nightlab agent status --json` document's keys (lists, not tuples)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in super().to_dict().items()}
 
 
 def _to_agent_run(row: sqlite3.Row, sessions: list[sqlite3.Row]) -> AgentRun:
@@ -491,4 +499,5 @@ def _to_agent_run(row: sqlite3.Row, sessions: list[sqlite3.Row]) -> AgentRun:
             value = json.loads(value)
             value = tuple(value) if isinstance(value, list) else value
         values[key] = value
+    values["status"] = AgentRunStatus(values["status"])
     return AgentRun(**values, sessions=tuple(json.loads(r["data"]) for r in sessions))
