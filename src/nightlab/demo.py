@@ -173,9 +173,6 @@ def _carry_over(directory: Path) -> None:
 def _run(
     directory: Path, *, spaces: Sequence[str], say, started: float, unsandboxed: str | None
 ) -> DemoResult:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from nightlab import waves
     from nightlab.harness.data import prepare
     from nightlab.harness.profiles import Profile
@@ -188,104 +185,24 @@ def _run(
         prepare(profile, progress=True)
         tier = lab.config.fleet.default_tier
         metric = lab.config.metric.name
-
-        def wait(label: str, ids: list[str]) -> list[Any]:
-            """Wait for `ids` and the re-runs of those that end degraded; say when runs were degraded."""
-            ids = list(ids)
-            events = Reruns(lab.ledger)
-            with Progress(
-                TextColumn("      {task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total} done"),
-                TextColumn("{task.fields[running]} running"),
-                TimeElapsedColumn(),
-                transient=False,
-                console=Console(stderr=True),  # stdout carries data (--json)
-            ) as bar:
-                task = bar.add_task(label, total=len(ids), running=0)
-
-                def tick(exps) -> None:
-                    done = sum(1 for e in exps if e.status.is_finished())
-                    running = sum(1 for e in exps if e.status.label == "running")
-                    bar.update(task, completed=done, running=running)
-
-                while True:
-                    final = lab.wait(ids, timeout=3600, on_tick=tick, poll=0.5)
-                    more = events.of(final)
-                    if not more:
-                        break
-                    ids += more
-                    bar.update(task, total=len(ids))
-                tick(final)
-            degraded = [e for e in final if e.degraded]
-            if degraded:
-                say(
-                    f"      {len(degraded)} of {len(final)} runs degraded ({degraded[-1].id}: {degraded[-1].detail}): "
-                    "not judged; another program is using this machine's cores"
-                )
-            return final
-
-        per_run = profile.budget_seconds
         base_tree = lab.head_tree()
         say(
             f"[3/6] measuring the carried-over baseline {BASELINE_RUNS} times: the noise floor "
-            f"({per_run:.0f} s of training each)"
+            f"({profile.budget_seconds:.0f} s of training each)"
         )
-        noise = waves.noise(lab, repeats=BASELINE_RUNS, tier=tier)
-        wait(f"baseline x{BASELINE_RUNS}", [e.id for e in noise.experiments])
-        runs = lab.ledger.experiments(wave=noise.wave.id)
-        for _ in range(MAX_BASELINE_RETRIES):
-            lost = [e for e in runs if not e.ok]
-            if not lost or len(runs) - len(lost) >= 2:
-                break
-            # A run without a result (on a starved CPU a long step can end past the budget's
-            # allowance: `invalid`): the noise floor needs two, so as many more as are missing.
-            need = 2 - (len(runs) - len(lost))
-            say(
-                f"      {lost[-1].id} gave no result ({lost[-1].outcome}: {lost[-1].detail}); {need} more baseline run(s)"
-            )
-            from nightlab.fleet.daemon import ensure_running
-
-            more = waves.submit_incumbent(lab, tier, noise.wave.id, need)
-            ensure_running(lab.path)
-            wait("baseline, again", [e.id for e in more])
-            runs = lab.ledger.experiments(wave=noise.wave.id)
-        base = [e.metric(metric) for e in runs if e.ok]
-        if not base:
-            first = runs[0]
-            raise NightlabError(
-                f"the baseline runs failed ({first.id}: {first.outcome}: {first.detail}); "
-                f"see `nightlab show {first.id} --lab {directory}`"
-            )
+        base = _baseline(lab, tier, metric, say=say, directory=directory)
         baseline = sum(base) / len(base)
         say(f"      baseline {metric} {baseline:.4f} (runs: {', '.join(f'{v:.4f}' for v in base)})")
 
         say(f"[4/6] one wave: full factorial over {', '.join(spaces)}")
         sweep = waves.submit_sweep(lab, list(spaces), design="full", description="demo wave", tier=tier)
-        wait(f"wave {sweep.wave.id}", [e.id for e in sweep.experiments])
-        status = waves.wave_status(lab, sweep.wave.id)
-        best = status.best
+        _wait(lab, f"wave {sweep.wave.id}", [e.id for e in sweep.experiments], say=say)
 
         say("[5/6] deciding: keep only a gain beyond the noise")
-        adopted = False
-        left = MAX_SETTLE_REPEATS
-        while best is not None and best.verdict == "within-noise" and left > 0:
-            decision = lab.judge().decision(best.tree, best.tier)
-            wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
-            if wanted is None or wanted > left:
-                break  # out of the demo's reach: the story says so
-            # a round of the demo's slots costs the same wall time as one run of it
-            from nightlab.research import tier_slots
-
-            n = min(left, max(wanted, tier_slots(lab, tier)))
-            say(f"      {best.id} is within the noise: {n} more runs to settle it")
-            more = waves.submit_repeats(lab, best.id, tier=tier, n=n, wave=sweep.wave.id)
-            wait(f"repeats of {best.id}", [e.id for e in more])
-            best = lab.ledger.get(best.id)
-            left -= n
-        if best is not None and best.verdict == "keep":
+        best = _settle(lab, waves.wave_status(lab, sweep.wave.id).best, tier, sweep.wave.id, say=say)
+        adopted = best is not None and best.verdict == "keep"
+        if adopted:
             lab.adopt(best.id)
-            adopted = True
             say(f"      adopted {best.id}: {best.description}")
         elif best is not None:
             say(f"      best variant {best.id} is `{best.verdict}`: nothing adopted, the baseline stays")
@@ -316,6 +233,99 @@ def _run(
             unsandboxed=unsandboxed,
         )
         return _with_story(result, metric=metric)
+
+
+def _wait(lab, label: str, ids: list[str], *, say) -> list[Any]:
+    """Wait for `ids` and the re-runs of those that end degraded; say when runs were degraded."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    ids = list(ids)
+    events = Reruns(lab.ledger)
+    with Progress(
+        TextColumn("      {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} done"),
+        TextColumn("{task.fields[running]} running"),
+        TimeElapsedColumn(),
+        transient=False,
+        console=Console(stderr=True),  # stdout carries data (--json)
+    ) as bar:
+        task = bar.add_task(label, total=len(ids), running=0)
+
+        def tick(exps) -> None:
+            done = sum(1 for e in exps if e.status.is_finished())
+            running = sum(1 for e in exps if e.status.label == "running")
+            bar.update(task, completed=done, running=running)
+
+        while True:
+            final = lab.wait(ids, timeout=3600, on_tick=tick, poll=0.5)
+            more = events.of(final)
+            if not more:
+                break
+            ids += more
+            bar.update(task, total=len(ids))
+        tick(final)
+    degraded = [e for e in final if e.degraded]
+    if degraded:
+        say(
+            f"      {len(degraded)} of {len(final)} runs degraded ({degraded[-1].id}: {degraded[-1].detail}): "
+            "not judged; another program is using this machine's cores"
+        )
+    return final
+
+
+def _baseline(lab, tier: str, metric: str, *, say, directory: Path) -> list[float]:
+    """The incumbent's figures from the noise wave, with as many more runs as two results need."""
+    from nightlab import waves
+    from nightlab.fleet.daemon import ensure_running
+
+    noise = waves.noise(lab, repeats=BASELINE_RUNS, tier=tier)
+    _wait(lab, f"baseline x{BASELINE_RUNS}", [e.id for e in noise.experiments], say=say)
+    runs = lab.ledger.experiments(wave=noise.wave.id)
+    for _ in range(MAX_BASELINE_RETRIES):
+        lost = [e for e in runs if not e.ok]
+        if not lost or len(runs) - len(lost) >= 2:
+            break
+        # A run without a result (on a starved CPU a long step can end past the budget's
+        # allowance: `invalid`): the noise floor needs two, so as many more as are missing.
+        need = 2 - (len(runs) - len(lost))
+        say(
+            f"      {lost[-1].id} gave no result ({lost[-1].outcome}: {lost[-1].detail}); {need} more baseline run(s)"
+        )
+        more = waves.submit_incumbent(lab, tier, noise.wave.id, need)
+        ensure_running(lab.path)
+        _wait(lab, "baseline, again", [e.id for e in more], say=say)
+        runs = lab.ledger.experiments(wave=noise.wave.id)
+    base = [e.metric(metric) for e in runs if e.ok]
+    if not base:
+        first = runs[0]
+        raise NightlabError(
+            f"the baseline runs failed ({first.id}: {first.outcome}: {first.detail}); "
+            f"see `nightlab show {first.id} --lab {directory}`"
+        )
+    return base
+
+
+def _settle(lab, best, tier: str, wave_id: str, *, say):
+    """Repeat a within-noise best variant while the demo's repeats allow; the best as it stands then."""
+    from nightlab import waves
+    from nightlab.research import tier_slots
+
+    left = MAX_SETTLE_REPEATS
+    while best is not None and best.verdict == "within-noise" and left > 0:
+        decision = lab.judge().decision(best.tree, best.tier)
+        wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
+        if wanted is None or wanted > left:
+            break  # out of the demo's reach: the story says so
+        # a round of the demo's slots costs the same wall time as one run of it
+        n = min(left, max(wanted, tier_slots(lab, tier)))
+        say(f"      {best.id} is within the noise: {n} more runs to settle it")
+        more = waves.submit_repeats(lab, best.id, tier=tier, n=n, wave=wave_id)
+        _wait(lab, f"repeats of {best.id}", [e.id for e in more], say=say)
+        best = lab.ledger.get(best.id)
+        left -= n
+    return best
 
 
 def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bool) -> dict[str, Any]:
