@@ -225,6 +225,21 @@ def create_app(
     app = FastAPI(title="nightlab dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     static = Path(__file__).parent / "static"
     app.mount("/static", StaticFiles(directory=static), name="static")
+    _add_guards(app, site, lab_dir, token=token, allowed_hosts=allowed_hosts)
+    _add_api(app, site)
+    _add_pages(app, site)
+    return app
+
+
+def _add_guards(
+    app: FastAPI,
+    site: _ReadOnlyApp,
+    lab_dir: Path,
+    *,
+    token: str | None,
+    allowed_hosts: list[str] | tuple[str, ...],
+) -> None:
+    """Security headers, the host and token checks, and the error pages."""
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Callable) -> Response:
@@ -253,7 +268,9 @@ def create_app(
         status = 503 if isinstance(exc, LedgerError) else 400 if isinstance(exc, UsageError) else 500
         return JSONResponse({"error": str(exc)}, status_code=status)
 
-    # ------------------------------------------------------------------ JSON
+
+def _add_api(app: FastAPI, site: _ReadOnlyApp) -> None:
+    """The JSON routes: the same documents as the commands' `--json`."""
 
     def dump(data: Any) -> Response:
         body = data if isinstance(data, str) else json_text(data)
@@ -304,7 +321,9 @@ def create_app(
     def api_agent() -> Response:
         return dump(site.data(_views.agent))
 
-    # ------------------------------------------------------------------ pages
+
+def _add_pages(app: FastAPI, site: _ReadOnlyApp) -> None:
+    """The HTML pages."""
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request) -> Response:
@@ -336,5 +355,3 @@ def create_app(
 
         css = HtmlFormatter(style="default").get_style_defs(".hl")
         return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
-
-    return app
