@@ -6,12 +6,25 @@ the slots and hands each backend its ledger (`BaseBackend.use_ledger`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from nightlab.config import LabConfig
+from nightlab.config import LabConfig, PoolConfig
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
+from nightlab.ledger import Worker, WorkerState
+
+
+def pool_slots(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[WorkerSlot]:
+    """The worker slots of one pool."""
+    if pool.backend == "local":
+        return local_slots(pool, cpu_slots=cpu_slots)
+    if pool.backend == "skypilot":
+        from nightlab.fleet.skypilot import skypilot_slots
+
+        return skypilot_slots(pool)
+    raise NightlabError(f"unknown backend `{pool.backend}`")  # config.py already refuses other names
 
 
 def build_slots(
@@ -21,15 +34,23 @@ def build_slots(
     slots: list[WorkerSlot] = []
     backends: dict[str, BaseBackend] = {}
     for pool in config.fleet.pools:
+        slots += pool_slots(pool, cpu_slots=cpu_slots)
         if pool.backend == "local":
             backends.setdefault("local", LocalBackend())
-            slots += local_slots(pool, cpu_slots=cpu_slots)
-        elif pool.backend == "skypilot":
-            from nightlab.fleet.skypilot import SkyPilotBackend, skypilot_slots
+        elif "skypilot" not in backends:
+            from nightlab.fleet.skypilot import SkyPilotBackend
 
-            if "skypilot" not in backends:
-                backends["skypilot"] = SkyPilotBackend(config, lab_dir=lab_dir)
-            slots += skypilot_slots(pool)
-        else:  # config.py already refuses other names
-            raise NightlabError(f"unknown backend `{pool.backend}`")
+            backends["skypilot"] = SkyPilotBackend(config, lab_dir=lab_dir)
     return slots, backends
+
+
+def tier_slot_count(config: LabConfig, tier: str, workers: Sequence[Worker] = ()) -> int:
+    """How many experiments the pools of `tier` run at once.
+
+    The running controller's registered slots of the tier when it has any (they follow its
+    `--cpu-slots`), else the slots the config gives.
+    """
+    live = [w for w in workers if w.tier == tier and w.state != WorkerState.STOPPED]
+    if live:
+        return len(live)
+    return sum(len(pool_slots(p)) for p in config.fleet.pools if p.tier == tier)

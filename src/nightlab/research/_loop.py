@@ -67,8 +67,10 @@ class WaitProgress:
 
 
 def tier_slots(lab: Lab, tier: str) -> int:
-    """How many experiments the lab's pools of `tier` run at once."""
-    return sum(len(p.gpus) if p.gpus else p.slots for p in lab.config.fleet.pools if p.tier == tier)
+    """How many experiments the lab's pools of `tier` run at once (the fleet's rule)."""
+    from nightlab.fleet.slots import tier_slot_count
+
+    return tier_slot_count(lab.config, tier, lab.ledger.workers())
 
 
 @dataclass(frozen=True)
