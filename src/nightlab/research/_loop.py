@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from nightlab import identity
 from nightlab.analysis import ok_values
+from nightlab.config import pool_slots
 from nightlab.errors import DuplicateExperimentError, LedgerError
 from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Source, Verdict
 from nightlab.reruns import Reruns
@@ -68,7 +69,7 @@ class WaitProgress:
 
 def tier_slots(lab: Lab, tier: str) -> int:
     """How many experiments the lab's pools of `tier` run at once."""
-    return sum(len(p.gpus) if p.gpus else p.slots for p in lab.config.fleet.pools if p.tier == tier)
+    return sum(pool_slots(p) for p in lab.config.fleet.pools if p.tier == tier)
 
 
 @dataclass(frozen=True)
