@@ -52,6 +52,10 @@ def quick(monkeypatch):
     monkeypatch.setattr(sky_core, "RETRY_DELAY", 0.01)
     monkeypatch.setattr(sky_core, "RELAUNCH_BACKOFF", 0.2)
     monkeypatch.setattr(sky_core, "LOST_RELAUNCH_DELAY", 0.05)
+    monkeypatch.setattr(sky_core, "FEED_INTERVAL", 0.05)  # the resident runners' (Slurm)
+    monkeypatch.setattr(sky_core, "VAGUE_PATIENCE", 0.5)
+    monkeypatch.setattr(sky_core, "FIND_PATIENCE", 2.0)
+    monkeypatch.setattr(sky_core, "RESIDENT_READY_PATIENCE", 30.0)
 
 
 @pytest.fixture
@@ -193,6 +197,48 @@ def test_a_wave_of_8_on_one_4_gpu_cluster_runs_4_at_a_time_each_on_its_own_gpu(n
     assert cluster["training_seconds"] >= 8 * 1.5 * 0.9
     code, out, _ = cli(capsys, "fleet", "status", "--lab", str(lab))
     assert "/4 busy" in out and f"(${cluster['hourly_price'] / 4:.2f}/h a slot)" in out
+
+
+SLURM_NODE = """
+[[fleet.pool]]
+backend = "skypilot"
+tier = "h100"
+accelerators = "H100:4"
+workers = 1
+infra = "slurm/fakehost"
+"""
+
+
+def test_a_slurm_node_runs_one_resident_runner_per_gpu_and_8_runs_4_at_a_time(node_lab, sky4, capsys):
+    lab = node_lab(SLURM_NODE)
+    code, out, err = cli(capsys, "fleet", "up", "--lab", str(lab))
+    assert code == 0, err
+    ids = [submit(lab, f"run {i}", "h100", SLEEP="1.5", LR=f"0.0{i + 1}") for i in range(8)]
+    with ControllerThread(lab):
+        exps = finished(lab, ids, timeout=120)
+    assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
+    assert all(len(attempts(lab, i)) == 1 for i in ids)  # exactly once
+    seen = {i: _saw(lab, i) for i in ids}
+    for i in ids:
+        (attempt,) = attempts(lab, i)
+        assert seen[i]["gpu"] == seen[i]["index"] == attempt.worker.rsplit("-g", 1)[1]
+    assert {s["gpu"] for s in seen.values()} == {"0", "1", "2", "3"}
+    spans = {i: _span(lab, i) for i in ids}
+    assert _most_at_once(list(spans.values())) == 4
+    # one runner job per lane, each asking for its lane's GPU, each with its own record (epoch)
+    (cluster,) = sky4.clusters.values()
+    runners = [j for j in cluster.jobs.values() if j.name.startswith("nightlab-runner-")]
+    assert len(runners) == 4
+    assert all(next(iter(j.task.resources)).accelerators == {"H100": 1} for j in runners)
+    records = sorted(p.name for p in (lab / ".nightlab" / "fleet" / cluster.name).glob("resident*.json"))
+    assert records == ["resident-g1.json", "resident-g2.json", "resident-g3.json", "resident.json"]
+    epochs = {
+        json.loads(p.read_text())["epoch"]
+        for p in (lab / ".nightlab" / "fleet" / cluster.name).glob("resident*.json")
+    }
+    assert len(epochs) == 4
+    # no experiment went through its own `sky exec`: the runners ran them all
+    assert not [j for j in cluster.jobs.values() if j.name.startswith("nightlab-e")]
 
 
 def test_a_lost_node_ends_each_slot_s_run_infra_once_and_requeues_each_once(node_lab, sky4):

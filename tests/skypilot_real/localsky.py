@@ -356,13 +356,17 @@ class LocalSky:
     Args:
         cpus: the CPUs slurm.conf declares for the node (SkyPilot asks for some per cluster;
             more than the machine has is fine, as jobs here are sleeps and tiny scripts).
+        gpus: the GPUs the node declares as generic resources (`Gres=gpu:h100:N`, a gres.conf
+            `Count=` line, no device files): enough for Slurm and SkyPilot to schedule and count
+            them (a pool of `accelerators = "H100:4"`, one slot per GPU); no job sees a device.
         watchdog: tests/services.py's `Watchdog`: if this process dies before `down()`, it reaps
             the run (`python localsky.py --reap`: jobs, job steps, sshd sessions) and ends every
             process `_start` started.
     """
 
-    def __init__(self, *, cpus: int = 16, watchdog: Any = None) -> None:
+    def __init__(self, *, cpus: int = 16, gpus: int = 4, watchdog: Any = None) -> None:
         self.cpus = cpus
+        self.gpus = gpus
         self.watchdog = watchdog
         if watchdog is not None:
             watchdog.on_death([sys.executable, str(Path(__file__).resolve()), "--reap"])
@@ -496,10 +500,14 @@ SlurmctldLogFile={self.path("logs", "slurmctld.file.log")}
 SlurmdLogFile={self.path("logs", "slurmd.file.log")}
 KillWait=5
 MinJobAge=300
-NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000 State=UNKNOWN
+GresTypes=gpu
+NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000 Gres=gpu:h100:{self.gpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
+        # generic GPUs (no `File=`): counted and scheduled, never bound to a device (slurmd reads
+        # gres.conf beside slurm.conf)
+        s.joinpath("gres.conf").write_text(f"NodeName={node} Name=gpu Type=h100 Count={self.gpus}\n")
         env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         self.env["SLURM_CONF"] = str(self.slurm_conf)
         self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)], env=env)

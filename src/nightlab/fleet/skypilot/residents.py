@@ -382,6 +382,11 @@ class Residents:
         self.shared.event("runner-off", cluster.worker, {"cluster": cluster.name, "detail": detail})
         if res is not None:
             self._retire(res, detail)
+        # the other lanes' runners of an N-slot cluster too: each holds its GPU in the allocation,
+        # where the runs now exec'd would wait for it (theirs end `infra` once their jobs ended)
+        for other in self._of(cluster):
+            if other is not res and other.state in ("attaching", "starting", "ready"):
+                self._retire(other, f"its cluster runs one `sky exec` per run now ({detail})")
 
     # ------------------------------------------------------------------ runs
 
