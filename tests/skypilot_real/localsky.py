@@ -356,8 +356,8 @@ class LocalSky:
     Args:
         cpus: the CPUs slurm.conf declares for the node (SkyPilot asks for some per cluster;
             more than the machine has is fine, as jobs here are sleeps and tiny scripts).
-        gpus: the GPUs the node declares as generic resources (`Gres=gpu:h100:N`, a gres.conf
-            `Count=` line, no device files): enough for Slurm and SkyPilot to schedule and count
+        gpus: the GPUs the node declares as generic resources (`Gres=gpu:h100:N`; gres.conf names
+            N empty files as their devices): enough for Slurm and SkyPilot to schedule and count
             them (a pool of `accelerators = "H100:4"`, one slot per GPU); no job sees a device.
         watchdog: tests/services.py's `Watchdog`: if this process dies before `down()`, it reaps
             the run (`python localsky.py --reap`: jobs, job steps, sshd sessions) and ends every
@@ -472,6 +472,7 @@ class LocalSky:
     def _slurm(self) -> None:
         node = socket.gethostname().split(".")[0]
         s = self.path("slurm")
+        gres = f" Gres=gpu:h100:{self.gpus}" if self.gpus else ""
         self.slurm_conf.write_text(
             f"""# written by tests/skypilot_real/localsky.py for one test run
 ClusterName={SLURM_CLUSTER}
@@ -501,13 +502,20 @@ SlurmdLogFile={self.path("logs", "slurmd.file.log")}
 KillWait=5
 MinJobAge=300
 GresTypes=gpu
-NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000 Gres=gpu:h100:{self.gpus} State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000{gres} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
-        # generic GPUs (no `File=`): counted and scheduled, never bound to a device (slurmd reads
-        # gres.conf beside slurm.conf)
-        s.joinpath("gres.conf").write_text(f"NodeName={node} Name=gpu Type=h100 Count={self.gpus}\n")
+        # generic GPUs: counted and scheduled, never a device. Slurm 22.05's gpu plugin reports 0
+        # GPUs for a gres.conf line without `File=` (the node is drained: "gres/gpu count reported
+        # lower than configured"), so each GPU is an empty file here (slurmd reads gres.conf
+        # beside slurm.conf)
+        for i in range(self.gpus):
+            s.joinpath(f"gpu{i}").touch()
+        files = f"{s}/gpu[0-{self.gpus - 1}]" if self.gpus > 1 else f"{s}/gpu0"
+        s.joinpath("gres.conf").write_text(
+            f"NodeName={node} Name=gpu Type=h100 File={files}\n" if self.gpus else ""
+        )
         env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         self.env["SLURM_CONF"] = str(self.slurm_conf)
         self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)], env=env)

@@ -1,6 +1,6 @@
 """Issue 36 on the real SkyPilot + Slurm: a node of 4 generic GPUs is 4 slots, one runner each.
 
-The fixture's node declares `Gres=gpu:h100:4` (gres.conf `Count=4`, no device files:
+The fixture's node declares `Gres=gpu:h100:4` (gres.conf names 4 empty files as the devices:
 localsky.py), enough for Slurm and SkyPilot to schedule and count GPUs. A pool of one
 `H100:4` cluster runs 8 experiments: 4 at a time, each with its own GPU index, through one
 resident runner per GPU (each a SkyPilot job asking for one GPU). Reuses the session's
