@@ -230,6 +230,7 @@ def _parse_pool(raw: Any, index: int) -> PoolConfig:
         threads = None
         gpus = ()
         options = {k: v for k, v in raw.items() if k not in {"backend", "tier", "workers"}}
+        _check_slots_per_cluster(options, where)
     else:
         raise ConfigError(f"{CONFIG_NAME}: `{where}.backend` is `{backend}`; use `local` or `skypilot`")
     if slots < 1:
@@ -237,6 +238,62 @@ def _parse_pool(raw: Any, index: int) -> PoolConfig:
     if threads is not None and threads < 1:
         raise ConfigError(f"{CONFIG_NAME}: `{where}.threads` must be at least 1, got `{threads}`")
     return PoolConfig(backend=backend, tier=tier, slots=slots, threads=threads, gpus=gpus, options=options)
+
+
+def cluster_gpus(accelerators: Any) -> float | None:
+    """GPUs per cluster of a SkyPilot `accelerators` value (`"H100:8"`, `{"H100": 8}`, `"H100"`); None for none."""
+    if accelerators is None:
+        return None
+    if isinstance(accelerators, dict):
+        if len(accelerators) != 1:
+            return None
+        value = next(iter(accelerators.values()))
+        return 1.0 if value is None else float(value)
+    _, _, count = str(accelerators).partition(":")
+    try:
+        return float(count) if count else 1.0
+    except ValueError:
+        return None
+
+
+def slots_per_cluster(pool: PoolConfig) -> int:
+    """Experiments one cluster of a skypilot pool runs at once: `slots_per_cluster`, else one per GPU.
+
+    An `H100:8` node is 8 slots (each experiment pinned to its GPU); `H100:1`, a fraction, or no
+    accelerators is one. Local pools are one slot per GPU already (`gpus = [...]`).
+    """
+    if pool.backend != "skypilot":
+        return 1
+    if "slots_per_cluster" in pool.options:
+        return int(pool.options["slots_per_cluster"])
+    gpus = cluster_gpus(pool.options.get("accelerators"))
+    return int(gpus) if gpus is not None and gpus >= 1 and gpus == int(gpus) else 1
+
+
+def pool_slots(pool: PoolConfig) -> int:
+    """Experiments a whole pool runs at once (local GPUs or slots; clusters times their slots)."""
+    if pool.gpus:
+        return len(pool.gpus)
+    return pool.slots * slots_per_cluster(pool)
+
+
+def _check_slots_per_cluster(options: dict[str, Any], where: str) -> None:
+    """`slots_per_cluster` of a skypilot pool: a whole number that divides the cluster's GPUs."""
+    if "slots_per_cluster" not in options:
+        return
+    value = options["slots_per_cluster"]
+    gpus = cluster_gpus(options.get("accelerators"))
+    whole = gpus is not None and gpus >= 1 and gpus == int(gpus)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `{where}.slots_per_cluster` must be a whole number of at least 1, got `{value!r}`"
+        )
+    if value > 1 and not (whole and int(gpus) % value == 0):  # type: ignore[arg-type]
+        have = options.get("accelerators")
+        raise ConfigError(
+            f"{CONFIG_NAME}: `{where}.slots_per_cluster = {value}` must divide the GPUs of each cluster "
+            f"(`accelerators = {have!r}`); use a divisor of its GPU count, or leave it out (one slot per GPU)"
+        )
 
 
 def parse_config(doc: dict[str, Any]) -> LabConfig:

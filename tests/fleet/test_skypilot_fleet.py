@@ -557,7 +557,7 @@ def test_fleet_up_status_report_down(sky_lab, fake, capsys):
     assert "launch.log" in err and "nightlab fleet up" in err
     rows = [line.split("\t") for line in out.splitlines()]
     assert [r[0] for r in rows] == ["h100-k8s-0", "h100-k8s-1", "h200-sky-0", "h200-sky-1"]
-    assert rows[0][2:] == ["up", "NVIDIA H100 80GB HBM3", "$2.99/h"]
+    assert rows[0][2:] == ["up", "NVIDIA H100 80GB HBM3", "$2.99/h", "1 slot"]
     # a second `fleet up` keeps the three clusters that are up and retries the failed one
     code, out, _ = cli(capsys, "fleet", "up", "--lab", str(lab), "--json")
     assert code == 0 and {r["state"] for r in json.loads(out)} == {"up"}

@@ -42,3 +42,16 @@ def test_a_running_controller_s_slots_count_so_its_cpu_slots_are_honoured():
 def test_a_stopped_controller_s_workers_do_not_count():
     stopped = [worker(f"cpu-{i}", "cpu", WorkerState.STOPPED) for i in range(4)]
     assert tier_slot_count(CONFIG, "cpu", stopped) == 1
+
+
+def test_a_multi_gpu_cluster_counts_one_slot_per_gpu():
+    config = parse_config(
+        {
+            "target": {"command": "python train.py", "editable": ["train.py"]},
+            "fleet": {
+                "pool": [{"backend": "skypilot", "tier": "h100", "workers": 2, "accelerators": "H100:8"}]
+            },
+        }
+    )
+    assert tier_slot_count(config, "h100") == 16
+    assert len(build_slots(config)[0]) == 16

@@ -356,13 +356,17 @@ class LocalSky:
     Args:
         cpus: the CPUs slurm.conf declares for the node (SkyPilot asks for some per cluster;
             more than the machine has is fine, as jobs here are sleeps and tiny scripts).
+        gpus: the GPUs the node declares as generic resources (`Gres=gpu:h100:N`; gres.conf names
+            N empty files as their devices): enough for Slurm and SkyPilot to schedule and count
+            them (a pool of `accelerators = "H100:4"`, one slot per GPU); no job sees a device.
         watchdog: tests/services.py's `Watchdog`: if this process dies before `down()`, it reaps
             the run (`python localsky.py --reap`: jobs, job steps, sshd sessions) and ends every
             process `_start` started.
     """
 
-    def __init__(self, *, cpus: int = 16, watchdog: Any = None) -> None:
+    def __init__(self, *, cpus: int = 16, gpus: int = 4, watchdog: Any = None) -> None:
         self.cpus = cpus
+        self.gpus = gpus
         self.watchdog = watchdog
         if watchdog is not None:
             watchdog.on_death([sys.executable, str(Path(__file__).resolve()), "--reap"])
@@ -468,6 +472,7 @@ class LocalSky:
     def _slurm(self) -> None:
         node = socket.gethostname().split(".")[0]
         s = self.path("slurm")
+        gres = f" Gres=gpu:h100:{self.gpus}" if self.gpus else ""
         self.slurm_conf.write_text(
             f"""# written by tests/skypilot_real/localsky.py for one test run
 ClusterName={SLURM_CLUSTER}
@@ -496,9 +501,20 @@ SlurmctldLogFile={self.path("logs", "slurmctld.file.log")}
 SlurmdLogFile={self.path("logs", "slurmd.file.log")}
 KillWait=5
 MinJobAge=300
-NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000 State=UNKNOWN
+GresTypes=gpu
+NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=16000{gres} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+        )
+        # generic GPUs: counted and scheduled, never a device. Slurm 22.05's gpu plugin reports 0
+        # GPUs for a gres.conf line without `File=` (the node is drained: "gres/gpu count reported
+        # lower than configured"), so each GPU is an empty file here (slurmd reads gres.conf
+        # beside slurm.conf)
+        for i in range(self.gpus):
+            s.joinpath(f"gpu{i}").touch()
+        files = f"{s}/gpu[0-{self.gpus - 1}]" if self.gpus > 1 else f"{s}/gpu0"
+        s.joinpath("gres.conf").write_text(
+            f"NodeName={node} Name=gpu Type=h100 File={files}\n" if self.gpus else ""
         )
         env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         self.env["SLURM_CONF"] = str(self.slurm_conf)
@@ -610,7 +626,12 @@ slurm:
 """
         )
         (home / ".sky" / "user_hash").write_text(self.user_hash)
-        self.api_port = free_port()
+        # test fixture only: a GPU name (`accelerators = "H100:4"`) makes SkyPilot read its common
+        # accelerator catalog, downloaded from GitHub on first use; this machine has no internet,
+        # so the one row it looks up is written where that download would land
+        catalog = home / ".sky" / "catalogs" / "v8" / "common" / "accelerators.csv"
+        catalog.parent.mkdir(parents=True, exist_ok=True)
+        catalog.write_text("AcceleratorName,Clouds\nH100,\"['Slurm']\"\n")
         self.env.update(
             {
                 "HOME": str(home),

@@ -15,6 +15,9 @@ def test_gpu_column():
     assert _gpu({"accelerators": "H100:1", "infra": "k8s"}, None) == "H100:1"
     assert _gpu({"accelerators": "H100:1"}, {"gpu_name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
     assert _gpu({"threads": 1}, None) is None
+    # one GPU of a multi-GPU SkyPilot node (issue 36): the node's GPU name and the slot's index
+    lane = {"accelerators": "H100:8", "cluster": "h100-aws-0", "gpu": "3", "slots": 8}
+    assert _gpu(lane, {"gpu_name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3 (GPU 3)"
 
 
 def test_counts():

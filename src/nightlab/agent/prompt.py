@@ -62,6 +62,7 @@ def _instructions(lab) -> list[str]:
 def _state(lab, budget: Budget) -> list[str]:
     from nightlab import snapshots
     from nightlab.analysis import noise_sigma, ranking
+    from nightlab.config import pool_slots
     from nightlab.identity import epoch_key
 
     config = lab.config
@@ -72,7 +73,7 @@ def _state(lab, budget: Budget) -> list[str]:
     )
     slots: dict[str, int] = {}
     for pool in config.fleet.pools:
-        slots[pool.tier] = slots.get(pool.tier, 0) + pool.slots
+        slots[pool.tier] = slots.get(pool.tier, 0) + pool_slots(pool)
     out.append(
         "- fleet: "
         + ", ".join(f"tier `{t}` {n} slot{'s' if n != 1 else ''}" for t, n in sorted(slots.items()))

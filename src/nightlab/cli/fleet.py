@@ -128,7 +128,11 @@ def up(relaunch, as_json, lab_dir) -> None:
     else:
         for r in results:
             price = "-" if r["hourly_price"] is None else f"${r['hourly_price']:.2f}/h"
-            click.echo(f"{r['worker']}\t{r['cluster']}\t{r['state']}\t{r['gpu_name'] or '-'}\t{price}")
+            slots = r.get("slots") or 1
+            click.echo(
+                f"{r['worker']}\t{r['cluster']}\t{r['state']}\t{r['gpu_name'] or '-'}\t{price}\t"
+                f"{slots} slot{'s' if slots != 1 else ''}"
+            )
     failed = [r for r in results if r["state"] != "up"]
     if failed:
         first = failed[0]

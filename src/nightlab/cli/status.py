@@ -19,10 +19,21 @@ def print_state(state: dict) -> None:
     for w in state["workers"]:
         out.print(f"  {w['name']:<14} {w['tier']:<8} {w['state']:<8} {w['experiment_id'] or ''}")
     if state.get("clusters"):
-        current = {w["name"]: w["experiment_id"] for w in state["workers"]}
+        from nightlab.fleet.costs import cluster_of
+
         out.print("clusters (SkyPilot):")
         for k in state["clusters"]:
+            # a cluster of N slots (an 8-GPU node) runs N experiments: `3/8 busy`
+            running = [
+                w["experiment_id"]
+                for w in state["workers"]
+                if w["experiment_id"] and cluster_of(w["name"], {k["worker"]})
+            ]
+            slots = k.get("slots") or 1
+            busy = (running[0] if running else "-") if slots == 1 else f"{len(running)}/{slots} busy"
             price = "-" if k["hourly_price"] is None else f"${k['hourly_price']:.2f}/h"
+            if slots > 1 and k["hourly_price"] is not None:
+                price += f" (${k['hourly_price'] / slots:.2f}/h a slot)"
             cost = "-" if k["cost"] is None else f"${k['cost']:.2f}"
             software = (
                 f"nightlab {k['nightlab_version']} ({k['nightlab_code']}), torch {k['torch_version'] or '-'}"
@@ -31,7 +42,7 @@ def print_state(state: dict) -> None:
             )
             out.print(
                 f"  {k['worker']:<14} {k['cluster'] or '-':<24} {k['state']:<9} "
-                f"{current.get(k['worker']) or '-':<6} {price:>9}  {cost} so far  {software}"
+                f"{busy:<6} {price:>9}  {cost} so far  {software}"
             )
     out.print(f"running: {len(state['running'])}")
     for r in state["running"]:

@@ -14,6 +14,11 @@ start and end. From those:
     efficiency  training / held  (the public autoresearch 16-GPU run: ~7 of 12 possible
                 5-minute runs per GPU-hour, i.e. about 0.58)
 
+A cluster of N slots (an 8-GPU node runs 8 experiments, `slots_per_cluster`) is one worker
+here, with its slots' attempts (`<worker>-g<j>`) under it: its held, set-up and idle time count
+N slot-seconds per second (`slot_seconds`), its busy time is the sum over its lanes, and an
+experiment costs its time at the node's price divided by N.
+
 A cluster that stopped itself (autostop) while no controller watched has no `down` event;
 it is counted as held until its last activity plus its autostop minutes, which is when
 SkyPilot stops it. Prices are SkyPilot's catalog price of the launched instance, or the
@@ -66,6 +71,7 @@ class WorkerCost:
     nightlab_version: str | None = None  # what the cluster's set-up installed (probe after set-up)
     nightlab_code: str | None = None
     torch_version: str | None = None
+    slots: int = 1  # experiments the cluster runs at once (its lanes)
     held_seconds: float = 0.0
     setup_seconds: float = 0.0
     busy_seconds: float = 0.0
@@ -73,20 +79,37 @@ class WorkerCost:
     experiments: int = 0
 
     @property
+    def slot_seconds(self) -> float:
+        """Held seconds times the cluster's slots: what its experiments could have used."""
+        return self.held_seconds * self.slots
+
+    @property
     def idle_seconds(self) -> float:
-        return max(0.0, self.held_seconds - self.setup_seconds - self.busy_seconds)
+        """Slot-seconds held but neither setting up nor running an attempt."""
+        return max(0.0, self.slot_seconds - self.setup_seconds * self.slots - self.busy_seconds)
 
     @property
     def cost(self) -> float | None:
         return None if self.hourly_price is None else self.held_seconds * self.hourly_price / 3600
 
     @property
+    def slot_price(self) -> float | None:
+        """$/h of one slot: the node's price divided by its slots."""
+        return None if self.hourly_price is None else self.hourly_price / self.slots
+
+    @property
     def efficiency(self) -> float | None:
-        return self.training_seconds / self.held_seconds if self.held_seconds > 0 else None
+        return self.training_seconds / self.slot_seconds if self.slot_seconds > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(idle_seconds=self.idle_seconds, cost=self.cost, efficiency=self.efficiency)
+        out.update(
+            idle_seconds=self.idle_seconds,
+            cost=self.cost,
+            efficiency=self.efficiency,
+            slot_seconds=self.slot_seconds,
+            slot_price=self.slot_price,
+        )
         return out
 
 
@@ -130,6 +153,7 @@ def worker_costs(
             w.nightlab_version = e.data.get("nightlab_version") or w.nightlab_version
             w.nightlab_code = e.data.get("nightlab_code") or w.nightlab_code
             w.torch_version = e.data.get("torch_version") or w.torch_version
+            w.slots = max(1, int(e.data.get("slots") or 1))
             minutes = e.data.get("autostop_minutes", 10)
             # None: the cluster never stops itself (a Slurm allocation lasts until its time limit)
             autostop[w.worker] = float("inf") if minutes is None else 60.0 * float(minutes)
@@ -142,16 +166,23 @@ def worker_costs(
             launch_at.pop(w.worker, None)
     attempts = _attempts_by_worker(ledger, set(workers))
     for name, start in open_since.items():
-        last = max([start, activity[name]] + [a[1] or until for a in attempts.get(name, [])])
+        own = [a for lane, spans in attempts.items() if cluster_of(lane, set(workers)) == name for a in spans]
+        last = max([start, activity[name]] + [a[1] or until for a in own])
         end = until if ledger.controller() is not None else min(until, last + autostop.get(name, 600.0))
         workers[name].held_seconds += _clip(start, end, since, until)
         if end < until and workers[name].state == "up":
             workers[name].state = "autostopped"  # no controller watched: SkyPilot stopped it by now
     training = _training_by_worker(ledger)
+    lanes: dict[str, set[str]] = {name: {name} for name in workers}
+    for slot in {*attempts, *training}:
+        cluster = cluster_of(slot, set(workers))
+        if cluster is not None:
+            lanes[cluster].add(slot)
     for name, w in workers.items():
-        for started, ended in _union([(a, b or until) for a, b in attempts.get(name, [])]):
-            w.busy_seconds += _clip(started, ended, since, until)
-        for finished_at, seconds in training.get(name, []):
+        for lane in lanes[name]:  # each lane of a cluster is busy on its own
+            for started, ended in _union([(a, b or until) for a, b in attempts.get(lane, [])]):
+                w.busy_seconds += _clip(started, ended, since, until)
+        for finished_at, seconds in (item for lane in lanes[name] for item in training.get(lane, [])):
             if since is None or finished_at >= since:
                 w.training_seconds += seconds
                 w.experiments += 1
@@ -169,11 +200,20 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def cluster_of(worker: str, clusters: set[str]) -> str | None:
+    """The cluster worker a slot belongs to: itself, or `h100-aws-0` for its lane `h100-aws-0-g3`."""
+    if worker in clusters:
+        return worker
+    head, sep, lane = worker.rpartition("-g")
+    return head if sep and lane.isdigit() and head in clusters else None
+
+
 def _attempts_by_worker(ledger: Ledger, names: set[str]) -> dict[str, list[tuple[float, float | None]]]:
+    """Attempt spans per slot of the clusters `names` (a one-slot cluster's slot is the cluster)."""
     out: dict[str, list[tuple[float, float | None]]] = {}
     for e in ledger.experiments(with_metrics=False):
         for a in ledger.attempts(e.id):
-            if a.worker in names:
+            if a.worker and cluster_of(a.worker, names) is not None:
                 out.setdefault(a.worker, []).append((a.started_at, a.ended_at))
     return out
 
@@ -194,20 +234,22 @@ def _training_by_worker(ledger: Ledger) -> dict[str, list[tuple[float, float]]]:
 
 
 def attempt_costs(ledger: Ledger) -> dict[str, float]:
-    """Dollars per experiment: each attempt's duration times its worker's hourly price."""
+    """Dollars per experiment: each attempt's duration times its slot's hourly price (node price / slots)."""
     prices: dict[str, float] = {}
     for e in ledger.events(limit=1_000_000, kinds=("cluster-up",)):
         if e.worker and e.data.get("hourly_price") is not None:
-            prices[e.worker] = float(e.data["hourly_price"])
+            prices[e.worker] = float(e.data["hourly_price"]) / max(1, int(e.data.get("slots") or 1))
     out: dict[str, float] = {}
     if not prices:
         return out
     now = time.time()
+    names = set(prices)
     for e in ledger.experiments(with_metrics=False):
         for a in ledger.attempts(e.id):
-            if a.worker in prices:
+            cluster = cluster_of(a.worker, names) if a.worker else None
+            if cluster is not None:
                 seconds = (a.ended_at or now) - a.started_at
-                out[e.id] = out.get(e.id, 0.0) + seconds * prices[a.worker] / 3600
+                out[e.id] = out.get(e.id, 0.0) + seconds * prices[cluster] / 3600
     return out
 
 
@@ -222,7 +264,7 @@ def cost_summary(ledger: Ledger) -> dict[str, Any] | None:
         return None
     priced = [w for w in workers if w.cost is not None]
     total = sum(w.cost for w in priced) if priced else None
-    held = sum(w.held_seconds for w in workers)
+    held = sum(w.slot_seconds for w in workers)
     training = sum(w.training_seconds for w in workers)
     finished = ledger.experiments(status=ExperimentStatus.FINISHED, with_metrics=False)
     kept = [e for e in finished if e.verdict == "keep"]

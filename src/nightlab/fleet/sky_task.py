@@ -76,6 +76,7 @@ POOL_OPTIONS = {
     "hourly_price",
     "pipeline",
     "runner",
+    "slots_per_cluster",
 }
 
 WORKER_YAML = """\
@@ -175,15 +176,31 @@ if mkfifo "$hashing/go" 2>/dev/null; then
 else
   exec {go}>/dev/null
 fi
+# A lane of an N-slot cluster (NIGHTLAB_GPU, NIGHTLAB_SLOTS; docs/skypilot.md "Several slots per
+# cluster") runs on its own GPU(s), whatever the scheduler picked, with 1/N of the node's CPUs
+# (the cgroup's quota where one is set: a container's share, not the host's cores), and has a
+# run lock of its own. A one-slot cluster sees what the job was given, as before.
+lock="$HOME/.nightlab-run.lock"
+if [ -n "${NIGHTLAB_GPU:-}" ]; then
+  export CUDA_VISIBLE_DEVICES="$NIGHTLAB_GPU"
+  lock="$HOME/.nightlab-run-g${NIGHTLAB_GPU%%,*}.lock"
+  cpus=$(nproc --all 2>/dev/null || echo 1)
+  if [ -r /sys/fs/cgroup/cpu.max ] && read -r quota period </sys/fs/cgroup/cpu.max && [ "$quota" != max ]; then
+    cpus=$(( (quota + period - 1) / period ))
+  fi
+  threads=$(( cpus / ${NIGHTLAB_SLOTS:-1} )); if [ "$threads" -lt 1 ]; then threads=1; fi
+  export NIGHTLAB_THREADS="$threads" OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
+  export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$threads}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$threads}"
+fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "nightlab-gpu: ${gpu:-none}"
-# One experiment at a time per cluster, whatever SkyPilot's scheduler would let run beside it
+# One experiment at a time per cluster (per lane), whatever SkyPilot's scheduler would let run beside it
 # (on Ray-based infra a fractional request could share a GPU; on Slurm each job is an exclusive
 # step that asks for the GPU and every CPU of the cluster, so Slurm already serialises them):
 # a next one that starts early waits here with its snapshot unpacked. Its budget starts at
 # `nightlab-start:`, not at `sky exec`. The run inherits the lock: a process it leaves behind
 # keeps the next one waiting.
-exec 9>"$HOME/.nightlab-run.lock"
+exec 9>"$lock"
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 echo "nightlab-start: $(date +%s.%N)"
 cd "$work"
@@ -394,11 +411,20 @@ def job_name(spec: RunSpec) -> str:
     return f"nightlab-{spec.experiment_id}-a{spec.attempt}"
 
 
-def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Task:
-    """The task `sky.exec` runs for one attempt (see the module docstring)."""
+def experiment_task(
+    spec: RunSpec, pool: PoolConfig, *, lab_dir: Path, slot_env: dict[str, str] | None = None
+) -> sky.Task:
+    """The task `sky.exec` runs for one attempt (see the module docstring).
+
+    Args:
+        slot_env: the slot's variables (an N-slot cluster's lane: `NIGHTLAB_GPU`, `NIGHTLAB_SLOTS`).
+    """
+    from nightlab.fleet.skypilot.core import lane_accelerators
+
     sky = _sky()
     doc = load_worker_config(lab_dir)
     envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
+    envs.update(slot_env or {})
     envs.update({k: v for k, v in spec.env.items() if k not in _LOCAL_PATHS})
     envs.update(payload_envs(lab_dir, spec.snapshot))
     envs.update(
@@ -409,6 +435,8 @@ def experiment_task(spec: RunSpec, pool: PoolConfig, *, lab_dir: Path) -> sky.Ta
         }
     )
     accelerators = _resources(doc, pool).get("accelerators")
+    if slot_env and "NIGHTLAB_GPU" in slot_env:  # one lane of an N-slot cluster: its share
+        accelerators = lane_accelerators(pool)
     # the job must ask for the GPU, or SkyPilot schedules it with no visible device
     resources = sky.Resources(accelerators=accelerators)
     return sky.Task(name=job_name(spec), run=RUN_SCRIPT, envs=envs, resources=resources)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from nightlab.config import LabConfig, PoolConfig
+from nightlab.config import LabConfig, PoolConfig, pool_slots
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, WorkerSlot
 from nightlab.fleet.local import LocalBackend, local_slots
 from nightlab.ledger import Worker, WorkerState
 
 
-def pool_slots(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[WorkerSlot]:
+def _slots_of(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[WorkerSlot]:
     """The worker slots of one pool."""
     if pool.backend == "local":
         return local_slots(pool, cpu_slots=cpu_slots)
@@ -34,7 +34,7 @@ def build_slots(
     slots: list[WorkerSlot] = []
     backends: dict[str, BaseBackend] = {}
     for pool in config.fleet.pools:
-        slots += pool_slots(pool, cpu_slots=cpu_slots)
+        slots += _slots_of(pool, cpu_slots=cpu_slots)
         if pool.backend == "local":
             backends.setdefault("local", LocalBackend())
         elif "skypilot" not in backends:
@@ -53,4 +53,4 @@ def tier_slot_count(config: LabConfig, tier: str, workers: Sequence[Worker] = ()
     live = [w for w in workers if w.tier == tier and w.state != WorkerState.STOPPED]
     if live:
         return len(live)
-    return sum(len(pool_slots(p)) for p in config.fleet.pools if p.tier == tier)
+    return sum(pool_slots(p) for p in config.fleet.pools if p.tier == tier)

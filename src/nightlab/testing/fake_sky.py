@@ -14,8 +14,11 @@ GPU name of the cluster's accelerator. Jobs run for real: the task's `run` scrip
 bash with the task's envs and HOME set to the cluster's directory, and every output line
 goes to the job log with SkyPilot's `(name, pid=N) ` prefix. So the backend's payload,
 run script, timeout, summary and exit status are all exercised end to end. Jobs on one
-cluster run one at a time (each asks for the cluster's GPU); later ones wait PENDING, as
-in SkyPilot's job queue. As on a Slurm cluster, `sky exec` answers with the job id while the
+cluster share its GPUs as SkyPilot's scheduler does: a job asking for `H100:1` on an `H100:4`
+cluster runs beside three others (a fraction, `H100:0.5`, beside another on the same
+unit), a job asking for none or all of them runs alone, and a job that does not fit waits
+PENDING, as in SkyPilot's job queue. Like Ray, the fake sets no device: which GPU a job uses
+is the run script's pin (`NIGHTLAB_GPU`). As on a Slurm cluster, `sky exec` answers with the job id while the
 job is still INIT (its submission goes on in the background for `queue_seconds`), and a cancel
 of an INIT job does nothing, as SkyPilot's does ("No jobs cancelled"). Set-up is simulated (a
 delay), not run; the task's `file_mounts` are copied into the cluster's home at every launch, and
@@ -119,7 +122,8 @@ class FakeCluster:
     autodown: bool = False
     idle_since: float = field(default_factory=time.time)
     handle: Any = None
-    gpu: threading.Lock = field(default_factory=threading.Lock)  # one job at a time holds it
+    gpus: int = 1  # the launch's accelerator count (a cluster without one is one unit)
+    gpus_free: float = 1.0  # what running jobs have not taken (`_take_gpus`)
 
 
 class FakeSky:
@@ -502,7 +506,17 @@ class FakeSky:
             launched_nodes=1,
             launched_resources=_PricedResources(resources.accelerators, PRICES.get(accel or "", 0.0)),
         )
-        c = FakeCluster(name=name, home=home, task=task, accelerator=accel, handle=handle)
+        count = next(iter(resources.accelerators.values())) if resources.accelerators else 1
+        gpus = max(1, int(count))
+        c = FakeCluster(
+            name=name,
+            home=home,
+            task=task,
+            accelerator=accel,
+            handle=handle,
+            gpus=gpus,
+            gpus_free=float(gpus),
+        )
         self.clusters[name] = c
         return c
 
@@ -547,14 +561,24 @@ class FakeSky:
             with self._lock:
                 if job.status == sky.JobStatus.INIT:
                     job.status = sky.JobStatus.PENDING
-        # every job asks for the cluster's accelerators, so they run one after another
-        while not c.gpu.acquire(timeout=0.01):
+        # a job waits until the GPUs it asks for are free (all of them when it names none)
+        need = _gpu_demand(c, job.task)
+        while not self._take_gpus(c, need):
             if job.status.is_terminal():  # cancelled, or its cluster preempted, while queued
                 return
+            time.sleep(0.01)
         try:
             self._run_job_holding_gpu(c, job, setup)
         finally:
-            c.gpu.release()
+            with self._lock:
+                c.gpus_free += need
+
+    def _take_gpus(self, c: FakeCluster, need: float) -> bool:
+        with self._lock:
+            if c.gpus_free + 1e-9 < need:
+                return False
+            c.gpus_free -= need
+            return True
 
     def _run_job_holding_gpu(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
         if setup:
@@ -571,6 +595,10 @@ class FakeSky:
             "PATH": f"{c.home / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
             "HOME": str(c.home),
             "LANG": "C.UTF-8",
+            # the venv links to this Python's environment, and with it to this process's nightlab:
+            # a PYTHONPATH that points at another checkout (a worktree) must count there too, or the
+            # worker's code hash is not the controller's
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
             **{k: str(v) for k, v in (job.task.envs or {}).items()},
         }
         if (
@@ -647,6 +675,15 @@ class FakeSky:
             for proc in tree:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
+
+
+def _gpu_demand(c: FakeCluster, task: Any) -> float:
+    """The GPUs a job takes on `c`: what its resources ask for, or the whole cluster when none."""
+    resources = next(iter(task.resources), None)
+    accelerators = getattr(resources, "accelerators", None)
+    if not accelerators:
+        return float(c.gpus)
+    return min(float(c.gpus), float(next(iter(accelerators.values()))))
 
 
 def _copy_file_mounts(mounts: dict[str, str] | None, home: Path) -> None:

@@ -282,7 +282,8 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
 def _gpu(info: dict[str, Any], cluster: dict[str, Any] | None) -> str | None:
     """What the worker runs on: a remote cluster's GPU name, the pool's accelerators, a local GPU index."""
     if cluster and cluster.get("gpu_name"):
-        return str(cluster["gpu_name"])
+        lane = info.get("gpu") if info.get("cluster") else None  # one GPU of a multi-GPU node
+        return str(cluster["gpu_name"]) + (f" (GPU {lane})" if lane is not None else "")
     if isinstance(info.get("gpu"), int):
         return f"cuda:{info['gpu']}"  # a local slot: the index in CUDA_VISIBLE_DEVICES terms
     for key in ("gpu_name", "accelerators", "accelerator", "gpus"):
@@ -322,7 +323,7 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
                 "name": w["name"],
                 "tier": w["tier"],
                 "backend": w["backend"],
-                "gpu": _gpu(w["info"], clusters.get(w["name"])),
+                "gpu": _gpu(w["info"], clusters.get(w["name"]) or clusters.get(w["info"].get("cluster", ""))),
                 "state": w["state"],
                 "experiment": run,
                 "progress": progress,

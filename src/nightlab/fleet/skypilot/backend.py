@@ -13,13 +13,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nightlab.config import LabConfig
+from nightlab.config import LabConfig, slots_per_cluster
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.sky_task import _sky, experiment_task, job_name
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
-from nightlab.fleet.skypilot.core import Shared, field_of, is_gone, lab_hash, log, queue_depth, skypilot_slots
+from nightlab.fleet.skypilot.core import (
+    Shared,
+    cluster_workers,
+    field_of,
+    is_gone,
+    lab_hash,
+    lane_of,
+    log,
+    queue_depth,
+    skypilot_slots,
+)
 from nightlab.fleet.skypilot.jobs import Jobs, Run
 
 if TYPE_CHECKING:
@@ -66,8 +76,15 @@ class SkyPilotBackend(BaseBackend):
             log_retries=core.LOG_RETRIES if log_retries is None else log_retries,
             retry_delay=core.RETRY_DELAY if retry_delay is None else retry_delay,
         )
+        # one cluster per worker (`pools`, by its worker name); one or more slots (lanes) on each
         self.pools = {
-            slot.name: pool
+            worker: pool
+            for pool in config.fleet.pools
+            if pool.backend == "skypilot"
+            for worker in cluster_workers(pool)
+        }
+        self.lanes = {
+            slot.name: lane_of(slot)
             for pool in config.fleet.pools
             if pool.backend == "skypilot"
             for slot in skypilot_slots(pool)
@@ -103,22 +120,22 @@ class SkyPilotBackend(BaseBackend):
         self.shared.flush()
         if self.lab_dir is None:
             return True  # cluster names need the lab: the first launch learns it and waits
-        cluster = self.clusters.get(slot.name)
+        cluster, lane = self._cluster(slot)
         self.jobs.start()
         with self.shared.lock:
             up = cluster.state == "up"
         if up:
-            self.jobs.residents.ensure(cluster)  # its resident runner, before the first lease needs it
+            self.jobs.residents.ensure(cluster, lane)  # its lane's runner, before the first lease needs it
             return True
         self.clusters.ensure(cluster)
         return False
 
     def launch(self, slot: WorkerSlot, spec: RunSpec) -> dict[str, Any]:
         self._learn_lab(spec.lab_dir)
-        cluster = self.clusters.get(slot.name)
-        task = experiment_task(spec, cluster.pool, lab_dir=self.lab_dir)
+        cluster, lane = self._cluster(slot)
+        task = experiment_task(spec, cluster.pool, lab_dir=self.lab_dir, slot_env=slot.env)
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        run = self.jobs.add(spec, cluster)
+        run = self.jobs.add(spec, cluster, lane)
         self.jobs.start()
         self.shared.thread(self.jobs.submit, run, task)
         self.shared.flush()
@@ -144,7 +161,7 @@ class SkyPilotBackend(BaseBackend):
         return spec.timeout * max(1, self.queue_depth(slot)) + core.START_PATIENCE
 
     def queue_depth(self, slot: WorkerSlot) -> int:
-        pool = self.pools.get(slot.name)
+        pool = self.pools.get(self.lanes.get(slot.name, (slot.name, 0))[0])
         return 0 if pool is None else queue_depth(pool)
 
     def cleanup(self, spec: RunSpec) -> None:
@@ -163,8 +180,14 @@ class SkyPilotBackend(BaseBackend):
         run = self.jobs.get(spec)
         if run is None:  # an attempt an earlier controller launched
             self._learn_lab(spec.lab_dir)
-            run = self.jobs.reattach(spec, self.clusters.get(slot.name))
+            cluster, lane = self._cluster(slot)
+            run = self.jobs.reattach(spec, cluster, lane)
         return run
+
+    def _cluster(self, slot: WorkerSlot) -> tuple[Cluster, int]:
+        """The slot's cluster and its lane on it (0 on a one-slot cluster)."""
+        worker, lane = self.lanes.get(slot.name, (slot.name, 0))
+        return self.clusters.get(worker), lane
 
     # ------------------------------------------------------------------ fleet up / down
 
@@ -200,7 +223,8 @@ class SkyPilotBackend(BaseBackend):
                     self.shared.flush()
         residents = self.jobs.residents
         for c in clusters:
-            residents.ensure(c)  # started now, a batch's first run does not wait for its runner
+            for lane in range(slots_per_cluster(c.pool)):
+                residents.ensure(c, lane)  # started now, a batch's first run does not wait for its runner
         for c in clusters:
             with residents.changed:
                 while residents.starting(c) and not self.shared.stop.is_set():

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightlab.config import LabConfig, PoolConfig
+from nightlab.config import LabConfig, PoolConfig, slots_per_cluster
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.build import Wheel, build_wheel
 from nightlab.fleet.costs import hourly_price
@@ -74,6 +74,7 @@ class Cluster:
             "detail": self.detail,
             "gpu_name": self.gpu_name,
             "hourly_price": self.hourly_price,
+            "slots": slots_per_cluster(self.pool),
         }
 
 
@@ -269,6 +270,7 @@ class Clusters:
                 "autostop_minutes": autostop_minutes(pool),
                 "accelerators": pool.options.get("accelerators"),
                 "infra": pool.options.get("infra"),
+                "slots": slots_per_cluster(pool),  # experiments at once; costs.py divides the price by it
             },
         )
         self.notify(cluster)

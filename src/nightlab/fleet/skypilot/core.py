@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nightlab.config import PoolConfig
+from nightlab.config import PoolConfig, cluster_gpus, slots_per_cluster
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import RunSpec, WorkerSlot
 from nightlab.fleet.sky_task import check_pool
@@ -112,21 +113,94 @@ def queue_depth(pool: PoolConfig) -> int:
     has two runs' time to land, so an exec slower than one run is hidden too (bench/RESULTS.md).
     """
     value = pool.options.get("pipeline", True)
-    if isinstance(value, bool):
-        return QUEUE_DEPTH if value else 0
-    return int(value)
+    depth = (QUEUE_DEPTH if value else 0) if isinstance(value, bool) else int(value)
+    slots = slots_per_cluster(pool)
+    if slots > 1 and not _lane_queue_ok(pool, slots):
+        # a lane's queued job would hold a GPU the scheduler counts while it waits at its lane's
+        # lock, keeping another lane's next job out (see `lane_accelerators`): no queue then
+        return 0
+    return depth
+
+
+def _lane_queue_ok(pool: PoolConfig, slots: int) -> bool:
+    """Whether a lane of a multi-slot cluster can queue jobs behind its running one."""
+    from nightlab.fleet.skypilot.residents import runner_host  # residents imports this module
+
+    if runner_host(pool) is not None:
+        return True  # one runner job per lane holds the lane's GPU; its queue is in the runner
+    if str(pool.options.get("infra", "")).startswith("slurm"):
+        return False  # a Slurm step asks whole GPUs: a queued step would take another lane's
+    per = int(cluster_gpus(pool.options.get("accelerators")) or slots) // slots
+    return per == 1  # Ray: a fraction of the lane's one GPU per job (`lane_accelerators`)
+
+
+def lane_accelerators(pool: PoolConfig, *, runner: bool = False) -> Any:
+    """What each job of one lane asks SkyPilot for (the pool's `accelerators` for a one-slot cluster).
+
+    An N-slot cluster's job asks for its lane's share (`H100:8`, 8 slots -> `{"H100": 1}`), so the
+    cluster's scheduler runs N at once (Slurm: one step per lane, `--gpus-per-node=1`; Ray: a
+    task with `num_gpus=1`). Which GPU it uses is the run script's pin (`NIGHTLAB_GPU`), never the
+    scheduler's choice, with a lock per lane. On Ray-based infra a pipelined lane's jobs ask for
+    `1 / (queue + 1)` of a GPU: a lane's queued jobs then fit beside the other lanes' running ones
+    and wait at their lane's lock, where a whole GPU each would keep another lane's next job out.
+    """
+    accelerators = pool.options.get("accelerators")
+    slots = slots_per_cluster(pool)
+    if slots == 1 or accelerators is None:
+        return accelerators
+    name = next(iter(accelerators)) if isinstance(accelerators, dict) else str(accelerators).partition(":")[0]
+    per = int(cluster_gpus(accelerators) or slots) // slots
+    depth = queue_depth(pool)
+    if runner or str(pool.options.get("infra", "")).startswith("slurm") or per > 1 or depth == 0:
+        return {name: per}
+    return {name: math.floor(10_000 / (depth + 1)) / 10_000}
+
+
+def cluster_workers(pool: PoolConfig) -> list[str]:
+    """The worker name of each cluster of a skypilot pool (`workers = N`): `<tier>-<infra>-<i>`."""
+    infra = pool.options.get("infra")
+    where = _slug(str(infra).split("/")[0]) if infra else "sky"
+    return [f"{pool.tier}-{where}-{i}" for i in range(pool.slots)]
+
+
+def lane_gpus(pool: PoolConfig, lane: int) -> str | None:
+    """The GPU indices of lane `lane` of a cluster (`"3"`, or `"2,3"` for 2 GPUs a lane); None for one lane."""
+    slots = slots_per_cluster(pool)
+    if slots == 1:
+        return None
+    per = int(cluster_gpus(pool.options.get("accelerators")) or slots) // slots
+    return ",".join(str(lane * per + k) for k in range(per))
 
 
 def skypilot_slots(pool: PoolConfig) -> list[WorkerSlot]:
-    """One worker slot per cluster of a skypilot pool (`workers = N`)."""
+    """The worker slots of a skypilot pool: `slots_per_cluster` per cluster (default one per GPU).
+
+    A one-slot cluster's slot is the cluster's worker name (`h100-aws-0`), as before; an N-slot
+    cluster's slots are `h100-aws-0-g0` ... `-g<N-1>`, each pinned to its GPU by the run script
+    (`NIGHTLAB_GPU` -> `CUDA_VISIBLE_DEVICES`) with its share of the node's CPUs (`NIGHTLAB_SLOTS`).
+    """
     check_pool(pool)
-    infra = pool.options.get("infra")
-    where = _slug(str(infra).split("/")[0]) if infra else "sky"
+    slots = slots_per_cluster(pool)
     info = {k: pool.options[k] for k in ("accelerators", "infra", "use_spot") if k in pool.options}
-    return [
-        WorkerSlot(name=f"{pool.tier}-{where}-{i}", tier=pool.tier, backend="skypilot", info=dict(info))
-        for i in range(pool.slots)
-    ]
+    out = []
+    for worker in cluster_workers(pool):
+        for lane in range(slots):
+            gpus = lane_gpus(pool, lane)
+            env = {} if gpus is None else {"NIGHTLAB_GPU": gpus, "NIGHTLAB_SLOTS": str(slots)}
+            extra = {} if gpus is None else {"cluster": worker, "gpu": gpus, "slots": slots}
+            name = worker if gpus is None else f"{worker}-g{lane}"
+            out.append(
+                WorkerSlot(name=name, tier=pool.tier, backend="skypilot", env=env, info={**info, **extra})
+            )
+    return out
+
+
+def lane_of(slot: WorkerSlot) -> tuple[str, int]:
+    """The cluster worker and lane of a skypilot slot (`h100-aws-0-g3` -> (`h100-aws-0`, 3))."""
+    worker = slot.info.get("cluster")
+    if not worker:
+        return slot.name, 0
+    return str(worker), int(slot.name.rsplit("-g", 1)[1])
 
 
 def run_key(spec: RunSpec) -> str:

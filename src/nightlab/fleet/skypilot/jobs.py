@@ -48,6 +48,7 @@ class Run:
     spec: RunSpec
     cluster: Cluster
     job_id: int | None = None
+    lane: int = 0  # its slot on an N-slot cluster (0 on a one-slot cluster)
     state: str = "waiting"  # waiting | running | fetching | done
     ended: RunExit | None = None
     kill_requested: bool = False
@@ -93,8 +94,8 @@ class Jobs:
         with self.shared.lock:
             return self.runs.get(run_key(spec))
 
-    def add(self, spec: RunSpec, cluster: Cluster) -> Run:
-        run = Run(run_key(spec), spec, cluster, seq=next(self._seq), submitting=True)
+    def add(self, spec: RunSpec, cluster: Cluster, lane: int = 0) -> Run:
+        run = Run(run_key(spec), spec, cluster, lane=lane, seq=next(self._seq), submitting=True)
         with self.shared.lock:
             self.runs[run.key] = run
         return run
@@ -231,11 +232,11 @@ class Jobs:
             self.shared.stop.wait(0.05)
 
     def _urgent(self) -> list[Run]:
-        """Per up cluster with no job of ours, its earliest run still to be exec'd (caller holds the lock)."""
-        first: dict[str, Run] = {}
+        """Per lane of an up cluster with no job of ours, its earliest run still to be exec'd (caller holds the lock)."""
+        first: dict[tuple[str, int], Run] = {}
         busy = set()
         for run in self.runs.values():
-            name = run.cluster.name
+            name = (run.cluster.name, run.lane)
             if run.state in ("running", "fetching"):
                 busy.add(name)
             elif (
@@ -309,9 +310,9 @@ class Jobs:
 
     # ------------------------------------------------------------------ re-attaching
 
-    def reattach(self, spec: RunSpec, cluster: Cluster) -> Run:
+    def reattach(self, spec: RunSpec, cluster: Cluster, lane: int = 0) -> Run:
         """Take over an attempt an earlier controller launched."""
-        run = Run(run_key(spec), spec, cluster)
+        run = Run(run_key(spec), spec, cluster, lane=lane)
         try:
             saved = json.loads((spec.run_dir / "sky.json").read_text())
         except (OSError, ValueError):

@@ -40,11 +40,20 @@ from typing import TYPE_CHECKING, Any
 
 from nightlab import procs
 from nightlab.atomic import atomic_write_json
+from nightlab.config import slots_per_cluster
 from nightlab.fleet.backend import RunExit
 from nightlab.fleet.sky_task import _resources, _sky, load_worker_config
 from nightlab.fleet.skypilot import core, resident
 from nightlab.fleet.skypilot.channel import ASK_TIMEOUT, Channel, ChannelError, local_argv, slurm_argv
-from nightlab.fleet.skypilot.core import TERMINAL, field_of, is_gone, log, one_line, status_name
+from nightlab.fleet.skypilot.core import (
+    TERMINAL,
+    field_of,
+    is_gone,
+    lane_accelerators,
+    log,
+    one_line,
+    status_name,
+)
 from nightlab.locks import try_lock
 
 if TYPE_CHECKING:
@@ -88,6 +97,7 @@ class Resident:
     cluster: Cluster
     epoch: str
     job_id: int | None = None
+    lane: int = 0  # the cluster's slot it runs (one runner per lane of an N-slot cluster)
     info: dict[str, Any] | None = None  # its announcement (`resident.PREFIX`)
     state: str = "attaching"  # attaching | starting | ready | retiring | dead
     channel: Channel | None = None
@@ -132,9 +142,9 @@ class Residents:
         self.clusters = clusters
         self.jobs = jobs
         self.by_epoch: dict[str, Resident] = {}
-        self.current: dict[str, Resident] = {}  # cluster name -> its ready runner
+        self.current: dict[str, Resident] = {}  # lane key (`lane_key`) -> its ready runner
         self.off: dict[str, str] = {}  # cluster name -> why this backend uses `sky exec` there
-        self._starting: set[str] = set()
+        self._starting: set[str] = set()  # lane keys
         self.changed = threading.Condition(self.shared.lock)
 
     def enabled(self, cluster: Cluster) -> bool:
@@ -142,42 +152,48 @@ class Residents:
 
     # ------------------------------------------------------------------ bringing one up
 
-    def ensure(self, cluster: Cluster) -> None:
-        """Start adopting or launching the cluster's runner unless one is ready or on its way.
+    def ensure(self, cluster: Cluster, lane: int = 0) -> None:
+        """Start adopting or launching the runner of the cluster's lane unless one is ready or on its way.
 
         Where this backend runs no runner (`runner = false`, or `off`), a recorded one is retired:
         its job would hold the cluster's queue, and each exec would wait behind it.
         """
+        key = lane_key(cluster, lane)
         with self.shared.lock:
-            if not self.enabled(cluster) and cluster.state == "up" and cluster.name not in self._starting:
-                record = self._record(cluster)
+            if not self.enabled(cluster) and cluster.state == "up" and key not in self._starting:
+                record = self._record(cluster, lane)
                 if record.get("epoch") and str(record["epoch"]) not in self.by_epoch:
-                    res = self.resident(cluster, str(record["epoch"]), record.get("job_id"))
+                    res = self.resident(cluster, str(record["epoch"]), record.get("job_id"), lane)
                     self._retire(res, "this pool runs one `sky exec` per run")
                 return
             if (
                 not self.enabled(cluster)
                 or cluster.state != "up"
-                or cluster.name in self.current
-                or cluster.name in self._starting
+                or key in self.current
+                or key in self._starting
                 or self.shared.stop.is_set()
             ):
                 return
-            self._starting.add(cluster.name)
-        self.shared.thread(self._bring_up, cluster)
+            self._starting.add(key)
+        self.shared.thread(self._bring_up, cluster, lane)
 
     def starting(self, cluster: Cluster) -> bool:
+        """Whether a runner of any lane of the cluster is on its way."""
         with self.shared.lock:
-            return cluster.name in self._starting
+            return any(lane_key(cluster, lane) in self._starting for lane in range(_lanes(cluster)))
 
     def view(self, cluster: Cluster) -> str:
-        """What `fleet up` shows: the cluster's runner epoch, `off: <why>`, or `none`."""
+        """What `fleet up` shows: the cluster's runner epoch (or lanes ready), `off: <why>`, or `none`."""
         with self.shared.lock:
-            if cluster.name in self.current:
-                return f"ready ({self.current[cluster.name].epoch})"
             if cluster.name in self.off:
                 return f"off: {self.off[cluster.name]}"
-            return "none"
+            lanes = _lanes(cluster)
+            ready = [
+                self.current[k] for k in (lane_key(cluster, j) for j in range(lanes)) if k in self.current
+            ]
+            if lanes == 1:
+                return f"ready ({ready[0].epoch})" if ready else "none"
+            return f"{len(ready)} of {lanes} lanes ready" if ready else "none"
 
     def clear_for_launch(self, cluster: Cluster) -> None:
         """Before `sky.launch` of a cluster that may be up: its runner jobs end first.
@@ -204,51 +220,52 @@ class Residents:
             self.shared.stop.wait(min(self.shared.status_interval, 2.0))
 
     def ready(self, cluster: Cluster, run: Run) -> Resident | None:
-        """Wait for the cluster's runner; None when there is none (`sky exec` then) or the run was killed."""
-        self.ensure(cluster)
+        """Wait for the runner of the run's lane; None when there is none (`sky exec` then) or the run was killed."""
+        self.ensure(cluster, run.lane)
+        key = lane_key(cluster, run.lane)
         with self.changed:
             while True:
                 if run.kill_requested or self.shared.stop.is_set() or not self.enabled(cluster):
                     return None
-                res = self.current.get(cluster.name)
+                res = self.current.get(key)
                 if res is not None:
                     return res
-                if cluster.name not in self._starting:
+                if key not in self._starting:
                     if cluster.state != "up":
                         return None  # its cluster went: the caller waits for it again
-                    self._starting.add(cluster.name)
-                    self.shared.thread(self._bring_up, cluster)
+                    self._starting.add(key)
+                    self.shared.thread(self._bring_up, cluster, run.lane)
                 self.changed.wait(timeout=1.0)
 
-    def _bring_up(self, cluster: Cluster) -> None:
+    def _bring_up(self, cluster: Cluster, lane: int = 0) -> None:
         res = None
         try:
-            lock = self._record_path(cluster).with_suffix(".lock")
+            lock = self._record_path(cluster, lane).with_suffix(".lock")
             with try_lock(lock, patience=core.RESIDENT_READY_PATIENCE) as held:
                 if held is None:
                     raise ChannelError(
                         f"another process held `{lock}` for {core.RESIDENT_READY_PATIENCE:.0f} s"
                     )
-                res = self._adopt(cluster) or self._launch(cluster)
+                res = self._adopt(cluster, lane) or self._launch(cluster, lane)
             self._connect(res)
         except Exception as e:
             self._give_up(cluster, res, e)
         finally:
             with self.changed:
-                self._starting.discard(cluster.name)
+                self._starting.discard(lane_key(cluster, lane))
                 self.changed.notify_all()
 
-    def _adopt(self, cluster: Cluster) -> Resident | None:
+    def _adopt(self, cluster: Cluster, lane: int = 0) -> Resident | None:
         """The runner of the cluster's record when its job still goes and runs this code; else None.
 
         A recorded runner of other code is retired (`_retire`): its job queue ahead of ours
         would hold the cluster, and what it reports is not read by this code.
         """
-        record = self._record(cluster)
+        record = self._record(cluster, lane)
         epoch = record.get("epoch")
         if not epoch:
             return None
-        res = self.resident(cluster, str(epoch), record.get("job_id"))
+        res = self.resident(cluster, str(epoch), record.get("job_id"), lane)
         if res.state in ("retiring", "dead"):  # given up by this backend: a new one queues behind it
             return None
         if record.get("source") != SOURCE_HASH:
@@ -268,20 +285,20 @@ class Residents:
             res.state = "starting"
         return res
 
-    def _launch(self, cluster: Cluster) -> Resident:
+    def _launch(self, cluster: Cluster, lane: int = 0) -> Resident:
         epoch = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
-        res = self.resident(cluster, epoch, None)
+        res = self.resident(cluster, epoch, None, lane)
         with self.shared.lock:
             res.state = "starting"
         self._write_record(res)  # first: a process that dies during the exec leaves it findable
         sdk = self.shared.sdk
-        job_id, _ = sdk.get(sdk.exec(self._task(cluster, epoch), cluster_name=cluster.name))
+        job_id, _ = sdk.get(sdk.exec(self._task(cluster, epoch, lane), cluster_name=cluster.name))
         with self.shared.lock:
             res.job_id = int(job_id)
         self._write_record(res)
         return res
 
-    def _task(self, cluster: Cluster, epoch: str) -> Any:
+    def _task(self, cluster: Cluster, epoch: str, lane: int = 0) -> Any:
         sky = _sky()
         doc = load_worker_config(self.shared.lab_dir)
         envs = {str(k): str(v) for k, v in (doc.get("envs") or {}).items()}
@@ -291,8 +308,12 @@ class Residents:
             NIGHTLAB_RESIDENT_IDLE=str(core.RESIDENT_IDLE),
             NIGHTLAB_RESIDENT_SOURCE=SOURCE_HASH,
         )
-        # it asks for the GPU like an experiment job: no job of ours ever runs beside it
-        resources = sky.Resources(accelerators=_resources(doc, cluster.pool).get("accelerators"))
+        # it asks for the GPU like an experiment job: no job of ours ever runs beside it (on an
+        # N-slot cluster, for its lane's GPU: the N lanes' runners run side by side)
+        accelerators = _resources(doc, cluster.pool).get("accelerators")
+        if _lanes(cluster) > 1:
+            accelerators = lane_accelerators(cluster.pool, runner=True)
+        resources = sky.Resources(accelerators=accelerators)
         return sky.Task(name=JOB_PREFIX + epoch, run=RUNNER_RUN, envs=envs, resources=resources)
 
     def _connect(self, res: Resident) -> None:
@@ -338,13 +359,13 @@ class Residents:
             )
         with self.changed:
             res.channel, res.state, res.broken_since = channel, "ready", None
-            self.current[res.cluster.name] = res
+            self.current[lane_key(res.cluster, res.lane)] = res
             self.changed.notify_all()
         self._write_record(res)
         self.shared.thread(self._pump, res)
-        # epochs re-attached before this one was known: not ours to run any more
+        # epochs of its lane re-attached before this one was known: not ours to run any more
         for other in self._of(res.cluster):
-            if other is not res and other.state == "attaching":
+            if other is not res and other.lane == res.lane and other.state == "attaching":
                 self._retire(other, "another runner is the cluster's now")
 
     def _give_up(self, cluster: Cluster, res: Resident | None, error: BaseException) -> None:
@@ -361,6 +382,11 @@ class Residents:
         self.shared.event("runner-off", cluster.worker, {"cluster": cluster.name, "detail": detail})
         if res is not None:
             self._retire(res, detail)
+        # the other lanes' runners of an N-slot cluster too: each holds its GPU in the allocation,
+        # where the runs now exec'd would wait for it (theirs end `infra` once their jobs ended)
+        for other in self._of(cluster):
+            if other is not res and other.state in ("attaching", "starting", "ready"):
+                self._retire(other, f"its cluster runs one `sky exec` per run now ({detail})")
 
     # ------------------------------------------------------------------ runs
 
@@ -385,7 +411,7 @@ class Residents:
 
     def attach(self, run: Run, saved: dict[str, Any]) -> None:
         """A run an earlier controller handed to a runner (`saved`: its `sky.json` entry)."""
-        res = self.resident(run.cluster, str(saved["epoch"]), saved.get("job"))
+        res = self.resident(run.cluster, str(saved["epoch"]), saved.get("job"), run.lane)
         with self.shared.lock:
             run.fed, run.state = res.epoch, "running"
             run.sink = self.jobs.sink(run)
@@ -397,7 +423,7 @@ class Residents:
             detail = f"the runner on `{res.cluster.name}` had ended"
             self.jobs._end(run, RunExit(None, lost=True, detail=detail))
         else:
-            self.ensure(run.cluster)
+            self.ensure(run.cluster, run.lane)
 
     def kill(self, run: Run) -> None:
         """Tomb the run now (its pump sends the tomb again while it is unanswered)."""
@@ -520,7 +546,7 @@ class Residents:
         for res in residents:
             if res.state == "attaching":  # runs re-attached before this backend knew the cluster
                 if res.cluster.state == "up":
-                    self.ensure(res.cluster)
+                    self.ensure(res.cluster, res.lane)
                 else:
                     self.clusters.ensure(res.cluster)
             if res.job_id is None:
@@ -562,8 +588,8 @@ class Residents:
             if res.state in ("retiring", "dead"):
                 return
             res.state = "retiring"
-            if self.current.get(res.cluster.name) is res:
-                del self.current[res.cluster.name]
+            if self.current.get(lane_key(res.cluster, res.lane)) is res:
+                del self.current[lane_key(res.cluster, res.lane)]
             self.changed.notify_all()
         log.info("retiring runner %s on %s: %s", res.epoch, res.cluster.name, why)
         if res.job_id is not None:
@@ -582,8 +608,8 @@ class Residents:
             if res.state == "dead":
                 return
             res.state = "dead"
-            if self.current.get(res.cluster.name) is res:
-                del self.current[res.cluster.name]
+            if self.current.get(lane_key(res.cluster, res.lane)) is res:
+                del self.current[lane_key(res.cluster, res.lane)]
             runs = [r for r in res.runs.values() if r.ended is None and r.state == "running"]
             reader = res.channel or next(
                 (r.channel for r in self._of(res.cluster) if r.state == "ready" and r.channel), None
@@ -610,8 +636,8 @@ class Residents:
         if res.channel is not None:
             res.channel.close()
         with contextlib.suppress(OSError):
-            if self._record(res.cluster).get("epoch") == res.epoch:
-                self._record_path(res.cluster).unlink()
+            if self._record(res.cluster, res.lane).get("epoch") == res.epoch:
+                self._record_path(res.cluster, res.lane).unlink()
         log.info("runner %s on %s is dead: %s", res.epoch, res.cluster.name, why)
 
     def settle(self, killed: list[Run], deadline: float) -> None:
@@ -632,12 +658,12 @@ class Residents:
 
     # ------------------------------------------------------------------ records and lookups
 
-    def resident(self, cluster: Cluster, epoch: str, job_id: Any) -> Resident:
+    def resident(self, cluster: Cluster, epoch: str, job_id: Any, lane: int = 0) -> Resident:
         """The one `Resident` of an epoch (made `attaching` on first use)."""
         with self.shared.lock:
             res = self.by_epoch.get(epoch)
             if res is None:
-                res = Resident(cluster, epoch, int(job_id) if job_id is not None else None)
+                res = Resident(cluster, epoch, int(job_id) if job_id is not None else None, lane)
                 self.by_epoch[epoch] = res
             elif res.job_id is None and job_id is not None:
                 res.job_id = int(job_id)
@@ -688,27 +714,45 @@ class Residents:
             and status_name(field_of(j, "status")) not in TERMINAL
         ]
 
-    def _record_path(self, cluster: Cluster) -> Path:
-        return self.shared.lab_dir / ".nightlab" / "fleet" / cluster.name / "resident.json"
+    def _record_path(self, cluster: Cluster, lane: int = 0) -> Path:
+        """`resident.json` of the cluster's (first) lane; `resident-g<j>.json` of lane j > 0."""
+        name = "resident.json" if lane == 0 else f"resident-g{lane}.json"
+        return self.shared.lab_dir / ".nightlab" / "fleet" / cluster.name / name
 
-    def _record(self, cluster: Cluster) -> dict[str, Any]:
+    def _record(self, cluster: Cluster, lane: int = 0) -> dict[str, Any]:
         try:
-            data = json.loads(self._record_path(cluster).read_text())
+            data = json.loads(self._record_path(cluster, lane).read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
     def _write_record(self, res: Resident) -> None:
-        path = self._record_path(res.cluster)
+        path = self._record_path(res.cluster, res.lane)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"epoch": res.epoch, "job_id": res.job_id, "info": res.info, "source": SOURCE_HASH}
+        data = {
+            "epoch": res.epoch,
+            "job_id": res.job_id,
+            "info": res.info,
+            "source": SOURCE_HASH,
+            "lane": res.lane,
+        }
         atomic_write_json(path, data, unique=True)
 
     def forget_records(self) -> None:
         """`fleet down`: the clusters and their runners are gone."""
         for cluster in self.clusters.all():
-            with contextlib.suppress(OSError):
-                self._record_path(cluster).unlink()
+            for lane in range(_lanes(cluster)):
+                with contextlib.suppress(OSError):
+                    self._record_path(cluster, lane).unlink()
+
+
+def lane_key(cluster: Cluster, lane: int) -> str:
+    """The key of one lane's runner: the cluster's name, with `#<lane>` on an N-slot cluster's lanes > 0."""
+    return cluster.name if lane == 0 else f"{cluster.name}#{lane}"
+
+
+def _lanes(cluster: Cluster) -> int:
+    return slots_per_cluster(cluster.pool)
 
 
 def run_name(run: Run) -> str:
