@@ -177,12 +177,16 @@ else
   exec {go}>/dev/null
 fi
 # A lane of an N-slot cluster (NIGHTLAB_GPU, NIGHTLAB_SLOTS; docs/skypilot.md "Several slots per
-# cluster") runs on its own GPU(s), whatever the scheduler picked, with 1/N of the node's CPUs
-# (the cgroup's quota where one is set: a container's share, not the host's cores), and has a
-# run lock of its own. A one-slot cluster sees what the job was given, as before.
+# cluster") runs on its own GPU(s) with 1/N of the node's CPUs (the cgroup's quota where one is
+# set: a container's share, not the host's cores), and has a run lock of its own. Slurm gives each
+# lane's job a whole GPU of its own and may confine the step to that device (ConstrainDevices), so
+# there its choice stands; Ray may pack two fractional jobs onto one GPU, so there the lane pins.
+# A one-slot cluster sees what the job was given, as before.
 lock="$HOME/.nightlab-run.lock"
 if [ -n "${NIGHTLAB_GPU:-}" ]; then
-  export CUDA_VISIBLE_DEVICES="$NIGHTLAB_GPU"
+  if [ -z "${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}" ] || [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    export CUDA_VISIBLE_DEVICES="$NIGHTLAB_GPU"
+  fi
   lock="$HOME/.nightlab-run-g${NIGHTLAB_GPU%%,*}.lock"
   cpus=$(nproc --all 2>/dev/null || echo 1)
   if [ -r /sys/fs/cgroup/cpu.max ] && read -r quota period </sys/fs/cgroup/cpu.max && [ "$quota" != max ]; then
