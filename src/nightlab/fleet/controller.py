@@ -46,6 +46,7 @@ from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
 from nightlab.ledger import Attempt, AttemptEnd, Experiment, Ledger, Outcome, WorkerState
 from nightlab.ledger.integrity import free_bytes
+from nightlab.rungs import BUDGET_ENV, tier_budget_env
 
 log = logging.getLogger("nightlab.controller")
 
@@ -129,7 +130,6 @@ class Controller:
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
         self._val_set = expected_val_set(config)
-        self._max_training = max_training_seconds(config)
         # built-in target: the harness scores every local run apart from train.py (harness/attempt.py)
         self._digests = None
         if config.target.builtin:
@@ -137,6 +137,7 @@ class Controller:
 
             self._digests = record_digests(lab_dir)
         self._code: str | None = None
+        self._lab: Any = None  # opened on the first screening run that ends (`_review_rung`)
         self._next_backup = 0.0
         self._disk_warned = 0.0
         self.ledger_failed = False
@@ -247,7 +248,6 @@ class Controller:
         self.config, self.slots = config, slots
         self._fingerprint = expected_fingerprint(config)
         self._val_set = expected_val_set(config)
-        self._max_training = max_training_seconds(config)
         self.health.update_slots(slots, config.fleet)
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
         for active in self.active.values():
@@ -284,6 +284,8 @@ class Controller:
         self.health.close()
         for backend in self.backends.values():
             backend.close()
+        if self._lab is not None:
+            self._lab.close()
         self.ledger.release_controller(self.pid)
 
     # ------------------------------------------------------------------ helpers
@@ -309,6 +311,9 @@ class Controller:
             "NIGHTLAB_WORKER": attempt.worker,
             "NIGHTLAB_LAB": str(self.lab_dir),
         }
+        budget = tier_budget_env(self.config, exp.tier)
+        if budget is not None:  # the harness's supervisor runs the clock for the tier's budget
+            env[BUDGET_ENV] = budget
         command = self.config.target.command
         backend = attempt.handle.get("backend", "local")
         if self._scored(backend) and backend == "local":
@@ -429,7 +434,7 @@ class Controller:
                 timed_out=active.killed is _Kill.TIMEOUT,
                 lost=ended.lost,
                 expected_fingerprint=self._fingerprint,
-                max_training_seconds=self._max_training,
+                max_training_seconds=max_training_seconds(self.config, active.slot.tier),
                 code=ended.code,
                 expected_code=self._expected_code() if ended.code else None,
             )
@@ -521,9 +526,28 @@ class Controller:
         )
         if state is AttemptEnd.FINISHED:
             self.policy.ended(exp, outcome, verdict, judged)
+            if outcome is Outcome.OK:
+                self._review_rung(exp.tier)
         elif state is AttemptEnd.QUEUED:
             self._retries[exp.id] = attempt.worker  # before the next lease, not at the next heartbeat
         return state, exp
+
+    def _review_rung(self, tier: str) -> None:
+        """A run on a screening rung ended: promote the rung's candidates now in its top 1/eta
+        (`nightlab.rungs.review`, asynchronous successive halving: no wave waits for another)."""
+        from nightlab import rungs
+
+        if not rungs.screening_tier(self.ledger, tier):
+            return
+        try:
+            if self._lab is None:
+                from nightlab.lab import Lab
+
+                self._lab = Lab(self.lab_dir)
+            for d in rungs.review(self._lab, tier):
+                log.info("rung %s: %s", tier, d.line())
+        except NightlabError as e:  # a promotion that cannot be made must not stop the fleet
+            self.ledger.log_event("promote-failed", None, tier=tier, error=str(e))
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""

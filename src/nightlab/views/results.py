@@ -64,4 +64,7 @@ def result_row(lab: Any, row: Any) -> dict[str, Any]:
     }
     d["verdict_context"] = verdict_context(row.experiment.verdict, **seen)
     d["verdict_label"] = verdict_label(row.experiment.verdict, **seen)
+    from nightlab.rungs import rung_info
+
+    d["rung"] = rung_info(lab, row.experiment)  # its budget, and why it was (not) promoted
     return d

@@ -1,0 +1,393 @@
+"""Rungs: screening tiers with a shorter budget, and asynchronous successive halving (issue 34).
+
+A tier may train for its own budget (`[[fleet.pool]] budget_seconds`, beside the profile's full
+budget) and name the tier a good run there climbs to (`promote_to`). A tier is a *rung*: a
+hardware class at a budget. Results compare within a tier only, as ever, so a 10 s rung and the
+30 s tier on the same cores never pool a figure.
+
+Successive halving, ASHA-style (Li et al., 2020), with no wave barrier: each time a run on a
+screening rung finishes, every screening candidate of that rung is ranked (by its snapshot's mean
+on the rung) among every snapshot the rung has measured in the comparison epoch in force; one in
+the top floor(n / eta) is promoted to the next rung at once, unless the incumbent, measured on
+the rung, is ahead of it (a run that loses to the incumbent on the screen is not worth a full
+run). Only the last rung judges, with the sound rule of `judge.py` (two runs a side, t
+threshold, Sidak). Every decision, promoted or not, is stored with its rank and cut-off in the
+screening wave's spec (`rungs`), which `show`, `results` and the dashboard read.
+
+A wave takes part when its spec has `asha = {"to": TIER, "repeats": N}`: `nightlab submit
+--screen`, `nightlab search --screen-tier` and the promotions made here (to a rung that itself
+promotes) write it. The controller calls `review` after every run on a screening rung ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nightlab.errors import UsageError
+
+if TYPE_CHECKING:
+    from nightlab.config import LabConfig
+    from nightlab.lab import Lab
+    from nightlab.ledger import Experiment, Wave
+
+__all__ = [
+    "BUDGET_ENV",
+    "Decision",
+    "budget_of",
+    "decision_line",
+    "decisions_for",
+    "has_rungs",
+    "next_rung",
+    "review",
+    "screen_spec",
+    "screen_tier_for",
+    "tier_budget_env",
+    "tier_label",
+]
+
+# What the controller hands every built-in-target run: the budget of the tier it runs on. The
+# harness's supervisor (`harness/attempt.py`) reads it, checks it, and gives train.py's clock
+# `NIGHTLAB_BUDGET` (the clock's existing input) from it.
+BUDGET_ENV = "NIGHTLAB_TIER_BUDGET"
+SPEC_KEY = "asha"  # a wave's spec key: its candidates take part in successive halving
+DECISIONS_KEY = "rungs"  # a wave's spec key: experiment id -> its latest Decision
+
+
+def _pool(config: LabConfig, tier: str) -> Any:
+    return next((p for p in config.fleet.pools if p.tier == tier), None)
+
+
+def full_budget(config: LabConfig) -> float | None:
+    """The profile's budget (built-in target), else None."""
+    budget = (config.profile or {}).get("budget_seconds")
+    return float(budget) if isinstance(budget, (int, float)) else None
+
+
+def budget_of(config: LabConfig, tier: str) -> float | None:
+    """The training budget of a run on `tier`: the tier's own, else the profile's; None for a foreign target."""
+    pool = _pool(config, tier)
+    if pool is not None and pool.budget_seconds is not None:
+        return pool.budget_seconds
+    return full_budget(config)
+
+
+def tier_budget_env(config: LabConfig, tier: str) -> str | None:
+    """`NIGHTLAB_TIER_BUDGET` for a built-in-target run on `tier`, or None (a foreign target)."""
+    if not config.target.builtin:
+        return None
+    budget = budget_of(config, tier)
+    return None if budget is None else repr(float(budget))
+
+
+def has_rungs(config: LabConfig) -> bool:
+    """Whether any tier trains for its own budget or promotes to another."""
+    return any(p.budget_seconds is not None or p.promote_to is not None for p in config.fleet.pools)
+
+
+def tier_label(config: LabConfig, tier: str) -> str:
+    """`tier` with its rung (`cpu-10s`, shown `cpu-10s (10 s rung)`) when the lab has rungs."""
+    if not has_rungs(config):
+        return tier
+    budget = budget_of(config, tier)
+    return tier if budget is None else f"{tier} ({budget:g} s rung)"
+
+
+def next_rung(config: LabConfig, tier: str) -> str | None:
+    """The tier a run on `tier` is promoted to (`promote_to`), or None on a last rung."""
+    pool = _pool(config, tier)
+    return pool.promote_to if pool is not None else None
+
+
+def screen_tier_for(config: LabConfig, tier: str) -> str:
+    """The lowest rung whose `promote_to` chain climbs to `tier` (`nightlab submit --screen`).
+
+    Raises:
+        UsageError: no tier promotes to `tier` (names the config to add).
+    """
+    below = []
+    for t in config.fleet.tiers:
+        seen, cur = {t}, next_rung(config, t)
+        while cur is not None and cur not in seen and cur != tier:
+            seen.add(cur)
+            cur = next_rung(config, cur)
+        if t != tier and cur == tier:
+            below.append(t)
+    if not below:
+        raise UsageError(
+            f"no screening rung promotes to tier `{tier}`; add a [[fleet.pool]] with a short "
+            f'`budget_seconds` and `promote_to = "{tier}"` (docs/search.md, "Screening") and commit nightlab.toml'
+        )
+    return min(below, key=lambda t: (budget_of(config, t) or 0.0, t))
+
+
+def screen_spec(to: str, repeats: int) -> dict[str, Any]:
+    """The wave-spec entry that enrols a wave's candidates in successive halving."""
+    return {SPEC_KEY: {"to": to, "repeats": int(repeats)}}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why a screening candidate was or was not promoted (stored in its wave's spec).
+
+    Attributes:
+        tier: the rung it was ranked on; to: the next rung.
+        rank: its snapshot's place on the rung (1 = best); seen: snapshots the rung has measured.
+        cutoff: floor(seen / eta), the ranks promoted; eta: the halving rate.
+        behind_incumbent: the incumbent's mean on the rung is ahead of it.
+        promoted: the promotion wave, or None.
+    """
+
+    tier: str
+    to: str
+    rank: int
+    seen: int
+    cutoff: int
+    eta: int
+    behind_incumbent: bool = False
+    promoted: str | None = None
+
+    @property
+    def qualifies(self) -> bool:
+        return self.rank <= self.cutoff and not self.behind_incumbent
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Decision:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def line(self) -> str:
+        where = f"rank {self.rank} of {self.seen} on {self.tier}, cut-off top {self.cutoff} (1/{self.eta})"
+        if self.promoted:
+            return f"promoted to {self.to} ({self.promoted}): {where}"
+        if self.behind_incumbent and self.rank <= self.cutoff:
+            return f"not promoted: {where}, but behind the incumbent there"
+        if self.cutoff == 0:
+            return f"not promoted yet: {where}; the rung needs {self.eta * self.rank} snapshots to promote it"
+        return f"not promoted: {where}"
+
+
+def decision_line(d: dict[str, Any] | None) -> str | None:
+    return Decision.from_dict(d).line() if d else None
+
+
+def decisions_for(wave: Wave | None) -> dict[str, dict[str, Any]]:
+    """experiment id -> its stored decision, for a wave (empty when it is not a screening wave)."""
+    if wave is None:
+        return {}
+    return dict((wave.spec or {}).get(DECISIONS_KEY) or {})
+
+
+def screening_tier(ledger: Any, tier: str) -> bool:
+    """Whether some wave enrols candidates on `tier` (a finished run there may promote one)."""
+    return any(SPEC_KEY in (w.spec or {}) and _on_tier(ledger, w, tier) for w in ledger.waves())
+
+
+def _on_tier(ledger: Any, wave: Wave, tier: str) -> bool:
+    return wave.tier == tier or any(
+        e.tier == tier for e in ledger.experiments(wave=wave.id, with_metrics=False)
+    )
+
+
+def _ranking(lab: Lab, tier: str) -> tuple[dict[str, float], str]:
+    """tree -> mean metric on `tier` in the epoch in force, and the incumbent's tree."""
+    from nightlab import identity
+
+    epoch = identity.epoch_key(lab.config)
+    name = lab.config.metric.name
+    values: dict[str, list[float]] = {}
+    for e in lab.ledger.experiments(tier=tier):
+        value = e.metric(name) if e.ok else None
+        if value is not None and math.isfinite(value) and (not e.epoch or e.epoch == epoch):
+            values.setdefault(e.tree, []).append(value)
+    return {t: statistics.fmean(v) for t, v in values.items()}, lab.head_tree()
+
+
+def _candidates(lab: Lab, tier: str) -> list[tuple[Wave, Experiment]]:
+    """(screening wave, its representative ok run) per snapshot of the waves enrolled on `tier`."""
+    out = []
+    head = lab.head_tree()
+    for wave in lab.ledger.waves():
+        if SPEC_KEY not in (wave.spec or {}):
+            continue
+        seen = set()
+        for e in lab.ledger.experiments(wave=wave.id, tier=tier, with_metrics=False):
+            if e.ok and e.tree != head and e.tree not in seen:
+                seen.add(e.tree)
+                out.append((wave, e))
+    return out
+
+
+def _claim(lab: Lab, wave_id: str, exp_id: str, decision: Decision) -> bool:
+    """Store `decision` for `exp_id` in the wave's spec, in one transaction; False when an earlier
+    decision already promoted it (another process got there first)."""
+    with lab.ledger.transaction() as c:
+        row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
+        spec = json.loads(row[0]) if row and row[0] else {}
+        decisions = dict(spec.get(DECISIONS_KEY) or {})
+        old = decisions.get(exp_id) or {}
+        if old.get("promoted"):
+            return False
+        decisions[exp_id] = decision.to_dict()
+        spec[DECISIONS_KEY] = decisions
+        c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
+    return True
+
+
+def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str) -> None:
+    with lab.ledger.transaction() as c:
+        row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
+        spec = json.loads(row[0]) if row and row[0] else {}
+        spec.setdefault(DECISIONS_KEY, {}).setdefault(exp_id, {})["promoted"] = promoted
+        c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
+
+
+def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decision]:
+    """Rank every screening candidate on `tier` and promote those in the top 1/eta (see the module
+    docstring). Returns the decisions made now; idempotent: a promoted candidate stays promoted."""
+    from nightlab.waves import promote
+
+    candidates = _candidates(lab, tier)
+    if not candidates:
+        return []
+    means, head = _ranking(lab, tier)
+    eta = lab.config.search.eta
+    sign = 1.0 if lab.config.metric.lower_is_better else -1.0
+    order = sorted(means, key=lambda t: sign * means[t])
+    seen = len(order)
+    cutoff = seen // eta
+    made = []
+    for wave, e in candidates:
+        old = decisions_for(wave).get(e.id) or {}
+        if old.get("promoted") or e.tree not in means:
+            continue
+        asha = wave.spec[SPEC_KEY]
+        to = str(asha.get("to") or next_rung(lab.config, tier) or "")
+        if not to:
+            continue
+        behind = head in means and sign * means[head] <= sign * means[e.tree]
+        decision = Decision(
+            tier=tier,
+            to=to,
+            rank=order.index(e.tree) + 1,
+            seen=seen,
+            cutoff=cutoff,
+            eta=eta,
+            behind_incumbent=behind,
+        )
+        if not _claim(lab, wave.id, e.id, decision):
+            continue
+        if decision.qualifies:
+            repeats = int(asha.get("repeats") or 2)
+            promoted = promote(
+                lab,
+                [e.id],
+                tier=to,
+                repeats=repeats,
+                description=f"promote {e.id} from rung {tier} (rank {decision.rank} of {seen}) to {to}",
+                start_controller=start_controller,
+            )
+            further = next_rung(lab.config, to)
+            if further:  # the next rung screens too: its runs take part in turn
+                spec = {**promoted.wave.spec, **screen_spec(further, repeats)}
+                lab.ledger.update_wave_spec(promoted.wave.id, spec)
+            _set_promoted(lab, wave.id, e.id, promoted.wave.id)
+            decision = Decision(**{**decision.to_dict(), "promoted": promoted.wave.id})
+            lab.ledger.log_event("promote", e.id, to=to, wave=promoted.wave.id, rank=decision.rank, seen=seen)
+        made.append(decision)
+    return made
+
+
+def promotions_of(lab: Lab, wave_id: str) -> list[str]:
+    """The promotion waves made from a screening wave, and from theirs in turn (every rung up)."""
+    out: list[str] = []
+    todo = [wave_id]
+    while todo:
+        w = lab.ledger.wave(todo.pop())
+        for d in decisions_for(w).values():
+            p = d.get("promoted")
+            if p and p not in out:
+                out.append(p)
+                todo.append(p)
+    return out
+
+
+def submit_screened(
+    lab: Lab, description: str, *, tier: str | None = None, promote_repeats: int = 2, **submit: Any
+) -> list[Experiment]:
+    """`nightlab submit --screen`: queue the idea on the lowest rung below `tier` (default: the
+    fleet's default tier); the controller promotes it, rung by rung, when it ranks in the top
+    1/eta there (`review`), and the last rung judges it. The incumbent gets one run on the
+    screening rung when it has none there, so the rung has a reference from the start.
+
+    Raises:
+        UsageError: no rung promotes to `tier`.
+    """
+    from nightlab.ledger import Source
+    from nightlab.waves import submit_incumbent
+
+    target = lab.check_tier(tier or lab.config.fleet.default_tier)
+    screen = screen_tier_for(lab.config, target)
+    head = lab.incumbent()
+    wave = lab.ledger.add_wave(
+        design="screen",
+        description=f"screen: {description}",
+        spec=screen_spec(next_rung(lab.config, screen) or target, promote_repeats),
+        tier=screen,
+        base_snapshot=head.commit,
+    )
+    start = submit.pop("start_controller", True)
+    exps = lab.submit(
+        description, tier=screen, wave=wave.id, start_controller=False, source=Source.CLI, **submit
+    )
+    if not lab.ledger.experiments(tree=head.tree, tier=screen, with_metrics=False):
+        exps += submit_incumbent(lab, screen, wave.id, 1, lab.files_at(head.commit))
+    if start:
+        from nightlab.fleet.daemon import ensure_running
+
+        ensure_running(lab.path)
+    return exps
+
+
+def rung_info(lab: Any, e: Experiment) -> dict[str, Any]:
+    """A run's rung, for `show` / `results` / the dashboard: its budget (the harness's figure when
+    it ran, else its tier's), the rung it reached (following its promotions up) and why it was or
+    was not promoted there."""
+    recorded = e.metrics.get("budget_seconds") if e.metrics else None
+    budget = float(recorded) if isinstance(recorded, (int, float)) else budget_of(lab.config, e.tier)
+    out: dict[str, Any] = {"budget_seconds": budget, "label": tier_label(lab.config, e.tier)}
+    decision = None
+    if e.wave:
+        try:
+            wave = lab.ledger.wave(e.wave)
+        except Exception:  # a wave deleted by hand: the run still shows
+            wave = None
+        decision = _decision_of(lab, wave, e)
+    out["promotion"] = decision
+    out["why"] = decision_line(decision)
+    reached, d = e.tier, decision
+    while d and d.get("promoted"):
+        reached = d.get("to") or reached
+        w = lab.ledger.wave(d["promoted"])
+        mine = [x for x in lab.ledger.experiments(wave=w.id, with_metrics=False) if x.tree == e.tree]
+        d = decisions_for(w).get(mine[0].id) if mine else None
+    out["reached"] = reached
+    return out
+
+
+def _decision_of(lab: Any, wave: Wave | None, e: Experiment) -> dict[str, Any] | None:
+    """The decision stored for `e`'s snapshot in its wave (made on its representative run)."""
+    decisions = decisions_for(wave)
+    if not decisions or wave is None:
+        return None
+    if e.id in decisions:
+        return decisions[e.id]
+    for other in lab.ledger.experiments(wave=wave.id, tier=e.tier, with_metrics=False):
+        if other.tree == e.tree and other.id in decisions:
+            return decisions[other.id]
+    return None
