@@ -391,3 +391,57 @@ def _decision_of(lab: Any, wave: Wave | None, e: Experiment) -> dict[str, Any] |
         if other.tree == e.tree and other.id in decisions:
             return decisions[other.id]
     return None
+
+
+def transfer(lab: Lab) -> list[dict[str, Any]]:
+    """Rank transfer between rungs, measured on the lab's own promoted snapshots: for each pair
+    (rung, next rung), Spearman's rho between their means on the two, with a 95 % Fisher interval
+    (z = atanh rho, se = 1.06 / sqrt(n - 3), Fieller et al. 1957), and a warning when the screen
+    misleads (interval includes 0, rho < 0.5) or too few snapshots say anything (n < 4)."""
+    from scipy.stats import spearmanr
+
+    pairs: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    lower = lab.config.metric.lower_is_better
+    cache: dict[str, dict[str, float]] = {}
+
+    def means(tier: str) -> dict[str, float]:
+        if tier not in cache:
+            cache[tier] = _ranking(lab, tier)[0]
+        return cache[tier]
+
+    for wave in lab.ledger.waves():
+        for exp_id, d in decisions_for(wave).items():
+            if not d.get("promoted"):
+                continue
+            tree = lab.ledger.get(exp_id).tree
+            low, high = means(d["tier"]), means(d["to"])
+            if tree in low and tree in high:
+                pairs.setdefault((d["tier"], d["to"]), {})[tree] = (low[tree], high[tree])
+    out = []
+    for (tier, to), by_tree in sorted(pairs.items()):
+        n = len(by_tree)
+        row: dict[str, Any] = {
+            "rung": tier,
+            "next": to,
+            "n": n,
+            "rho": None,
+            "interval": None,
+            "warning": None,
+        }
+        if n >= 3:
+            xs, ys = zip(*by_tree.values(), strict=True)
+            rho = float(spearmanr(xs, ys).statistic)
+            row["rho"] = None if math.isnan(rho) else rho
+        if row["rho"] is not None and n >= 4:
+            z, se = math.atanh(max(min(row["rho"], 0.999999), -0.999999)), 1.06 / math.sqrt(n - 3)
+            row["interval"] = [math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se)]
+        if n < 4 or row["interval"] is None:
+            row["warning"] = f"only {n} promoted snapshots measured on both rungs; the transfer is unmeasured"
+        elif row["interval"][0] <= 0 or row["rho"] < 0.5:
+            row["warning"] = (
+                f"screening on {tier} misleads: rho {row['rho']:+.2f}, 95 % interval "
+                f"[{row['interval'][0]:+.2f}, {row['interval'][1]:+.2f}]; lengthen its budget or promote more (smaller eta)"
+            )
+        row["lower_is_better"] = lower
+        out.append(row)
+    return out

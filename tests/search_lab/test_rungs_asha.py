@@ -78,3 +78,18 @@ def test_submit_screen_promotes_the_top_third_as_runs_finish(quick_lab):
     assert {e["tier"] for e in cpu2} == {"cpu2"}
     text = nightlab("show", ids["0.02"], "--no-diff", cwd=lab).stdout
     assert "rung reached cpu2; promoted to cpu2" in text
+    # rank transfer between the rungs, on the lab's own promoted runs: 3 is too few to say anything
+    wait_until(
+        lambda: all(
+            e["status"] == "finished"
+            for e in json.loads(nightlab("results", "--tier", "cpu2", "--all", "--json", cwd=lab).stdout)[
+                "experiments"
+            ]
+        ),
+        timeout=60,
+    )
+    [row] = json.loads(nightlab("rungs", "--json", cwd=lab).stdout)
+    assert (row["rung"], row["next"], row["n"]) == ("cpu", "cpu2", 3)
+    assert row["rho"] == 1.0 and row["interval"] is None and "unmeasured" in row["warning"]
+    text = nightlab("rungs", cwd=lab)
+    assert "cpu -> cpu2: rank correlation +1.00, n=3" in text.stdout and "warning:" in text.stderr
