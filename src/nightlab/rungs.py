@@ -124,9 +124,13 @@ def screen_tier_for(config: LabConfig, tier: str) -> str:
     return min(below, key=lambda t: (budget_of(config, t) or 0.0, t))
 
 
-def screen_spec(to: str, repeats: int) -> dict[str, Any]:
-    """The wave-spec entry that enrols a wave's candidates in successive halving."""
-    return {SPEC_KEY: {"to": to, "repeats": int(repeats)}}
+def screen_spec(to: str, repeats: int, max_promotions: int | None = None) -> dict[str, Any]:
+    """The wave-spec entry that enrols a wave's candidates in successive halving (`max_promotions`
+    caps how many of them are promoted: a search's `--top`)."""
+    entry: dict[str, Any] = {"to": to, "repeats": int(repeats)}
+    if max_promotions is not None:
+        entry["max_promotions"] = int(max_promotions)
+    return {SPEC_KEY: entry}
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ class Decision:
         tier: the rung it was ranked on; to: the next rung.
         rank: its snapshot's place on the rung (1 = best); seen: snapshots the rung has measured.
         cutoff: floor(seen / eta), the ranks promoted; eta: the halving rate.
+        capped: in the top, but its wave's promotions (a search's `--top`) were used up.
         behind_incumbent: the incumbent's mean on the rung is ahead of it.
         promoted: the promotion wave, or None.
     """
@@ -149,10 +154,11 @@ class Decision:
     eta: int
     behind_incumbent: bool = False
     promoted: str | None = None
+    capped: bool = False  # in the top, but its wave's promotions (a search's `--top`) are used up
 
     @property
     def qualifies(self) -> bool:
-        return self.rank <= self.cutoff and not self.behind_incumbent
+        return self.rank <= self.cutoff and not self.behind_incumbent and not self.capped
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -167,6 +173,8 @@ class Decision:
             return f"promoted to {self.to} ({self.promoted}): {where}"
         if self.behind_incumbent and self.rank <= self.cutoff:
             return f"not promoted: {where}, but behind the incumbent there"
+        if self.capped and self.rank <= self.cutoff:
+            return f"not promoted: {where}, but its wave's promotions (--top) are used up"
         if self.cutoff == 0:
             return f"not promoted yet: {where}; the rung needs {self.eta * self.rank} snapshots to promote it"
         return f"not promoted: {where}"
@@ -174,6 +182,11 @@ class Decision:
 
 def decision_line(d: dict[str, Any] | None) -> str | None:
     return Decision.from_dict(d).line() if d else None
+
+
+def decision_count(wave: Wave) -> int:
+    """How many of the wave's candidates were promoted (or are being)."""
+    return sum(1 for d in decisions_for(wave).values() if d.get("promoted") or d.get("claimed"))
 
 
 def decisions_for(wave: Wave | None) -> dict[str, dict[str, Any]]:
@@ -224,26 +237,30 @@ def _candidates(lab: Lab, tier: str) -> list[tuple[Wave, Experiment]]:
 
 
 def _claim(lab: Lab, wave_id: str, exp_id: str, decision: Decision) -> bool:
-    """Store `decision` for `exp_id` in the wave's spec, in one transaction; False when an earlier
-    decision already promoted it (another process got there first)."""
+    """Store `decision` for `exp_id` in the wave's spec, in one transaction; False when it was
+    promoted, or is being promoted, already (the controller and a search loop may both review).
+
+    A decision that qualifies is stored `claimed`: whoever stored it makes the promotion."""
     with lab.ledger.transaction() as c:
         row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
         spec = json.loads(row[0]) if row and row[0] else {}
         decisions = dict(spec.get(DECISIONS_KEY) or {})
         old = decisions.get(exp_id) or {}
-        if old.get("promoted"):
+        if old.get("promoted") or old.get("claimed"):
             return False
-        decisions[exp_id] = decision.to_dict()
+        decisions[exp_id] = {**decision.to_dict(), "claimed": decision.qualifies}
         spec[DECISIONS_KEY] = decisions
         c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
     return True
 
 
-def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str) -> None:
+def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str | None) -> None:
+    """Record the promotion wave (None: the promotion failed, the claim is dropped)."""
     with lab.ledger.transaction() as c:
         row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
         spec = json.loads(row[0]) if row and row[0] else {}
-        spec.setdefault(DECISIONS_KEY, {}).setdefault(exp_id, {})["promoted"] = promoted
+        entry = spec.setdefault(DECISIONS_KEY, {}).setdefault(exp_id, {})
+        entry["promoted"], entry["claimed"] = promoted, False
         c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
 
 
@@ -261,7 +278,8 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
     order = sorted(means, key=lambda t: sign * means[t])
     seen = len(order)
     cutoff = seen // eta
-    made = []
+    made: list[Decision] = []
+    to_promote: list[tuple[int, Wave, Experiment, int]] = []
     for wave, e in candidates:
         old = decisions_for(wave).get(e.id) or {}
         if old.get("promoted") or e.tree not in means:
@@ -270,6 +288,8 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
         to = str(asha.get("to") or next_rung(lab.config, tier) or "")
         if not to:
             continue
+        cap = asha.get("max_promotions")  # a search's `--top`: at most that many from one wave
+        capped = cap is not None and decision_count(lab.ledger.wave(wave.id)) >= int(cap)
         behind = head in means and sign * means[head] <= sign * means[e.tree]
         decision = Decision(
             tier=tier,
@@ -279,27 +299,41 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
             cutoff=cutoff,
             eta=eta,
             behind_incumbent=behind,
+            capped=capped,
         )
         if not _claim(lab, wave.id, e.id, decision):
             continue
+        made.append(decision)
         if decision.qualifies:
-            repeats = int(asha.get("repeats") or 2)
+            to_promote.append((len(made) - 1, wave, e, int(asha.get("repeats") or 2)))
+    # every decision is stored first: a promotion that fails leaves the others' reasons on record
+    failed: Exception | None = None
+    for i, wave, e, repeats in to_promote:
+        decision = made[i]
+        try:
             promoted = promote(
                 lab,
                 [e.id],
-                tier=to,
+                tier=decision.to,
                 repeats=repeats,
-                description=f"promote {e.id} from rung {tier} (rank {decision.rank} of {seen}) to {to}",
+                description=f"promote {e.id} from rung {tier} (rank {decision.rank} of {seen}) to {decision.to}",
                 start_controller=start_controller,
             )
-            further = next_rung(lab.config, to)
-            if further:  # the next rung screens too: its runs take part in turn
-                spec = {**promoted.wave.spec, **screen_spec(further, repeats)}
-                lab.ledger.update_wave_spec(promoted.wave.id, spec)
-            _set_promoted(lab, wave.id, e.id, promoted.wave.id)
-            decision = Decision(**{**decision.to_dict(), "promoted": promoted.wave.id})
-            lab.ledger.log_event("promote", e.id, to=to, wave=promoted.wave.id, rank=decision.rank, seen=seen)
-        made.append(decision)
+        except Exception as err:  # noqa: BLE001 - re-raised below, once the others are promoted
+            _set_promoted(lab, wave.id, e.id, None)  # the claim is dropped: the next review tries again
+            failed = failed or err
+            continue
+        further = next_rung(lab.config, decision.to)
+        if further:  # the next rung screens too: its runs take part in turn
+            spec = {**promoted.wave.spec, **screen_spec(further, repeats)}
+            lab.ledger.update_wave_spec(promoted.wave.id, spec)
+        _set_promoted(lab, wave.id, e.id, promoted.wave.id)
+        made[i] = Decision(**{**decision.to_dict(), "promoted": promoted.wave.id})
+        lab.ledger.log_event(
+            "promote", e.id, to=decision.to, wave=promoted.wave.id, rank=decision.rank, seen=seen
+        )
+    if failed is not None:
+        raise failed
     return made
 
 
