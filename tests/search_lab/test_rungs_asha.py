@@ -91,5 +91,15 @@ def test_submit_screen_promotes_the_top_third_as_runs_finish(quick_lab):
     [row] = json.loads(nightlab("rungs", "--json", cwd=lab).stdout)
     assert (row["rung"], row["next"], row["n"]) == ("cpu", "cpu2", 3)
     assert row["rho"] == 1.0 and row["interval"] is None and "unmeasured" in row["warning"]
+    # the dashboard says the same: the experiment page and the leaderboard's tier cell
+    from fastapi.testclient import TestClient
+
+    from nightlab.web.app import create_app
+
+    with TestClient(create_app(lab)) as client:
+        page = client.get(f"/experiments/{ids['0.005']}").text
+        assert 'data-figure="rung"' in page and "not promoted: rank " in page
+        assert client.get(f"/api/experiments/{ids['0.02']}").json()["rung"]["reached"] == "cpu2"
+        assert "→ cpu2" in client.get("/").text
     text = nightlab("rungs", cwd=lab)
     assert "cpu -> cpu2: rank correlation +1.00, n=3" in text.stdout and "warning:" in text.stderr
