@@ -427,12 +427,37 @@ def _decision_of(lab: Any, wave: Wave | None, e: Experiment) -> dict[str, Any] |
     return None
 
 
+def rank_transfer(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Spearman's rho between the two coordinates of `pairs` (a snapshot's mean on a rung, on the
+    next), with a 95 % Fisher interval (z = atanh rho, se = 1.06 / sqrt(n - 3), Fieller et al.
+    1957) and a warning: unmeasured below 4 pairs, misleading when the interval includes 0 or
+    rho < 0.5."""
+    from scipy.stats import spearmanr
+
+    n = len(pairs)
+    row: dict[str, Any] = {"n": n, "rho": None, "interval": None, "warning": None}
+    if n >= 3:
+        xs, ys = zip(*pairs, strict=True)
+        rho = float(spearmanr(xs, ys).statistic)
+        row["rho"] = None if math.isnan(rho) else rho
+    if row["rho"] is not None and n >= 4:
+        z, se = math.atanh(max(min(row["rho"], 0.999999), -0.999999)), 1.06 / math.sqrt(n - 3)
+        row["interval"] = [math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se)]
+    if row["interval"] is None:
+        row["warning"] = f"only {n} promoted snapshots measured on both rungs; the transfer is unmeasured"
+    elif row["interval"][0] <= 0 or row["rho"] < 0.5:
+        row["warning"] = (
+            f"rho {row['rho']:+.2f}, 95 % interval [{row['interval'][0]:+.2f}, {row['interval'][1]:+.2f}]; "
+            "lengthen the rung's budget, or promote more of it (a smaller eta)"
+        )
+    return row
+
+
 def transfer(lab: Lab) -> list[dict[str, Any]]:
-    """Rank transfer between rungs, measured on the lab's own promoted snapshots: for each pair
-    (rung, next rung), Spearman's rho between their means on the two, with a 95 % Fisher interval
+    """Rank transfer between rungs, measured on the lab's own promoted snapshots (successive
+    halving's and `nightlab promote`'s): for each pair (rung, next rung), Spearman's rho between their means on the two, with a 95 % Fisher interval
     (z = atanh rho, se = 1.06 / sqrt(n - 3), Fieller et al. 1957), and a warning when the screen
     misleads (interval includes 0, rho < 0.5) or too few snapshots say anything (n < 4)."""
-    from scipy.stats import spearmanr
 
     pairs: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
     lower = lab.config.metric.lower_is_better
@@ -443,39 +468,24 @@ def transfer(lab: Lab) -> list[dict[str, Any]]:
             cache[tier] = _ranking(lab, tier)[0]
         return cache[tier]
 
+    def add(exp_id: str, tier: str, to: str) -> None:
+        tree = lab.ledger.get(exp_id).tree
+        low, high = means(tier), means(to)
+        if tree in low and tree in high:
+            pairs.setdefault((tier, to), {})[tree] = (low[tree], high[tree])
+
     for wave in lab.ledger.waves():
         for exp_id, d in decisions_for(wave).items():
-            if not d.get("promoted"):
-                continue
-            tree = lab.ledger.get(exp_id).tree
-            low, high = means(d["tier"]), means(d["to"])
-            if tree in low and tree in high:
-                pairs.setdefault((d["tier"], d["to"]), {})[tree] = (low[tree], high[tree])
+            if d.get("promoted"):
+                add(exp_id, d["tier"], d["to"])
+        if wave.design == "promote" and wave.tier:  # `nightlab promote`, by hand or `--wave`
+            for exp_id, tier in ((wave.spec or {}).get("screen_tiers") or {}).items():
+                add(exp_id, tier, wave.tier)
     out = []
     for (tier, to), by_tree in sorted(pairs.items()):
-        n = len(by_tree)
-        row: dict[str, Any] = {
-            "rung": tier,
-            "next": to,
-            "n": n,
-            "rho": None,
-            "interval": None,
-            "warning": None,
-        }
-        if n >= 3:
-            xs, ys = zip(*by_tree.values(), strict=True)
-            rho = float(spearmanr(xs, ys).statistic)
-            row["rho"] = None if math.isnan(rho) else rho
-        if row["rho"] is not None and n >= 4:
-            z, se = math.atanh(max(min(row["rho"], 0.999999), -0.999999)), 1.06 / math.sqrt(n - 3)
-            row["interval"] = [math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se)]
-        if n < 4 or row["interval"] is None:
-            row["warning"] = f"only {n} promoted snapshots measured on both rungs; the transfer is unmeasured"
-        elif row["interval"][0] <= 0 or row["rho"] < 0.5:
-            row["warning"] = (
-                f"screening on {tier} misleads: rho {row['rho']:+.2f}, 95 % interval "
-                f"[{row['interval'][0]:+.2f}, {row['interval'][1]:+.2f}]; lengthen its budget or promote more (smaller eta)"
-            )
+        row = {"rung": tier, "next": to, **rank_transfer(list(by_tree.values()))}
+        if row["warning"] and row["rho"] is not None and row["interval"] is not None:
+            row["warning"] = f"screening on {tier} misleads: {row['warning']}"
         row["lower_is_better"] = lower
         out.append(row)
     return out

@@ -118,3 +118,22 @@ def test_the_controller_hands_each_run_its_tier_budget(tmp_path):
     assert {t: rungs.tier_budget_env(cfg, t) for t in cfg.fleet.tiers} == {"cpu": "30.0", "cpu-10s": "10.0"}
     # whoever starts the controller with one in their environment never sets a run's budget
     assert rungs.BUDGET_ENV in MEASUREMENT_OVERRIDES
+
+
+def test_rank_transfer_reports_rho_its_interval_and_when_screening_misleads():
+    from nightlab.rungs import rank_transfer
+
+    few = rank_transfer([(1.0, 1.1), (1.2, 1.3), (1.1, 1.2)])
+    assert few["rho"] == pytest.approx(1.0) and few["interval"] is None and "unmeasured" in few["warning"]
+    good = rank_transfer([(x, x + 0.1) for x in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)])
+    assert good["rho"] == pytest.approx(1.0) and good["interval"][0] > 0.5 and good["warning"] is None
+    # short runs that rank the snapshots backwards: the screen misleads
+    backwards = rank_transfer([(x, 3.0 - x) for x in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)])
+    assert (
+        backwards["rho"] == pytest.approx(-1.0)
+        and backwards["interval"][1] < 0
+        and "rho -1.00" in backwards["warning"]
+    )
+    # a weak positive rho whose interval includes 0 is a warning too
+    weak = rank_transfer([(1, 2), (2, 1), (3, 4), (4, 3), (5, 6), (6, 5)])
+    assert 0 < weak["rho"] < 1 and weak["interval"][0] <= 0 and weak["warning"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from labkit import commit, nightlab, wait_json, wait_until
 
 CPU2 = '[[fleet.pool]]\nbackend = "local"\ntier = "cpu2"\nslots = 1\n'
@@ -90,7 +92,7 @@ def test_submit_screen_promotes_the_top_third_as_runs_finish(quick_lab):
     )
     [row] = json.loads(nightlab("rungs", "--json", cwd=lab).stdout)
     assert (row["rung"], row["next"], row["n"]) == ("cpu", "cpu2", 3)
-    assert row["rho"] == 1.0 and row["interval"] is None and "unmeasured" in row["warning"]
+    assert row["rho"] == pytest.approx(1.0) and row["interval"] is None and "unmeasured" in row["warning"]
     # the dashboard says the same: the experiment page and the leaderboard's tier cell
     from fastapi.testclient import TestClient
 
