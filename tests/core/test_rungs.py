@@ -137,3 +137,19 @@ def test_rank_transfer_reports_rho_its_interval_and_when_screening_misleads():
     # a weak positive rho whose interval includes 0 is a warning too
     weak = rank_transfer([(1, 2), (2, 1), (3, 4), (4, 3), (5, 6), (6, 5)])
     assert 0 < weak["rho"] < 1 and weak["interval"][0] <= 0 and weak["warning"]
+
+
+def test_the_controllers_run_spec_carries_the_tier_budget(make_lab):
+    """`Controller._spec`: a built-in run on a rung gets its tier's budget in its environment."""
+    from nightlab.fleet.controller import Controller
+    from nightlab.lab import Lab
+    from nightlab.rungs import BUDGET_ENV
+
+    cfg = parse_config(doc({**SHORT, "tier": "cpu", "promote_to": "full"}, {**FULL, "tier": "full"}))
+    with Lab.open(make_lab(slots=1)) as lab:
+        [e] = lab.submit("x", start_controller=False)
+        attempt = lab.ledger.lease_next("cpu-0", "cpu")
+        ctrl = Controller(lab.path, cfg, lab.ledger, slots=[], backends={}, policy=lab.judge())
+        spec = ctrl._spec(attempt)
+        assert attempt.experiment_id == e.id and spec.env[BUDGET_ENV] == "10.0"
+        assert "nightlab.harness.attempt" in spec.command  # the supervisor reads it, not train.py
