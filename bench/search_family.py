@@ -42,9 +42,20 @@ candidates of the wave in which they end, judged against the incumbent of that m
 z of that wave's size). Only whole configurations are judged, each against the incumbent it would
 replace, so the verdict rule is the synchronous one.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Fidelity (issue 34): `NAME@screen` runs NAME's waves on a short rung (`--screen-fraction`, default
+1/3 of the budget) with asynchronous successive halving (`--eta`, default 3: a configuration whose
+short run ends in the top third of what the rung has seen, ahead of the incumbent there, gets two
+full runs at once), as `nightlab search --screen-tier` does; only full runs are judged, and every
+strategy is still judged on the full-budget truth. A short run's value comes from `Fidelity`
+(the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
+short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
+measurement is to replace them. A wave of an `@screen` strategy proposes workers x (full / short
+cost) x `--screen-wave` ideas. `heldout8` (h56-h63, seeds 800-819) is kept unread for it.
+
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
+           [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
 """
 
 from __future__ import annotations
