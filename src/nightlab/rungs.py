@@ -388,20 +388,22 @@ def submit_screened(
     return exps
 
 
-def rung_info(lab: Any, e: Experiment) -> dict[str, Any]:
+def screening_waves(lab: Any) -> dict[str, Wave]:
+    """The lab's waves that hold successive-halving decisions, by id (one query: listings of
+    many runs look their decisions up here instead of a wave per run)."""
+    return {w.id: w for w in lab.ledger.waves() if (w.spec or {}).get(DECISIONS_KEY)}
+
+
+def rung_info(lab: Any, e: Experiment, waves: dict[str, Wave] | None = None) -> dict[str, Any]:
     """A run's rung, for `show` / `results` / the dashboard: its budget (the harness's figure when
     it ran, else its tier's), the rung it reached (following its promotions up) and why it was or
-    was not promoted there."""
+    was not promoted there. `waves`: `screening_waves(lab)`, for a listing (read here when None)."""
     recorded = e.metrics.get("budget_seconds") if e.metrics else None
     budget = float(recorded) if isinstance(recorded, (int, float)) else budget_of(lab.config, e.tier)
     out: dict[str, Any] = {"budget_seconds": budget, "label": tier_label(lab.config, e.tier)}
-    decision = None
-    if e.wave:
-        try:
-            wave = lab.ledger.wave(e.wave)
-        except Exception:  # a wave deleted by hand: the run still shows
-            wave = None
-        decision = _decision_of(lab, wave, e)
+    if waves is None:
+        waves = screening_waves(lab)
+    decision = _decision_of(lab, waves.get(e.wave), e) if e.wave else None
     out["promotion"] = decision
     out["why"] = decision_line(decision)
     reached, d = e.tier, decision

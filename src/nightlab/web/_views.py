@@ -189,7 +189,12 @@ def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
         key=lambda r: r.key.finished_at or 0,
         reverse=True,
     )[:RECENT_CRASHES]
-    rows = {row.experiment.id: result_row(lab, row) for row in result_rows(lab.ledger, leaders + crashes)}
+    from nightlab.rungs import screening_waves
+
+    waves = screening_waves(lab)
+    rows = {
+        row.experiment.id: result_row(lab, row, waves) for row in result_rows(lab.ledger, leaders + crashes)
+    }
     return finite(
         {
             "metric": payload["metric"],
