@@ -208,14 +208,19 @@ def _on_tier(ledger: Any, wave: Wave, tier: str) -> bool:
 
 
 def _ranking(lab: Lab, tier: str) -> tuple[dict[str, float], str]:
-    """tree -> mean metric on `tier` in the epoch in force, and the incumbent's tree."""
+    """tree -> mean metric on `tier` in the epoch in force (runs the harness recorded at another
+    budget than the tier's today left out), and the incumbent's tree."""
     from nightlab import identity
 
     epoch = identity.epoch_key(lab.config)
     name = lab.config.metric.name
+    budget = budget_of(lab.config, tier)
     values: dict[str, list[float]] = {}
     for e in lab.ledger.experiments(tier=tier):
         value = e.metric(name) if e.ok else None
+        ran = e.metrics.get("budget_seconds")  # the harness's record of the run's budget
+        if isinstance(ran, (int, float)) and budget is not None and float(ran) != budget:
+            continue  # the tier's budget changed since: that run screened at another rung
         if value is not None and math.isfinite(value) and (not e.epoch or e.epoch == epoch):
             values.setdefault(e.tree, []).append(value)
     return {t: statistics.fmean(v) for t, v in values.items()}, lab.head_tree()
@@ -376,9 +381,13 @@ def submit_screened(
         base_snapshot=head.commit,
     )
     start = submit.pop("start_controller", True)
-    exps = lab.submit(
-        description, tier=screen, wave=wave.id, start_controller=False, source=Source.CLI, **submit
-    )
+    try:
+        exps = lab.submit(
+            description, tier=screen, wave=wave.id, start_controller=False, source=Source.CLI, **submit
+        )
+    except Exception:
+        _drop_empty_wave(lab, wave.id)  # nothing half-written: a refused idea leaves no wave
+        raise
     if not lab.ledger.experiments(tree=head.tree, tier=screen, with_metrics=False):
         exps += submit_incumbent(lab, screen, wave.id, 1, lab.files_at(head.commit))
     if start:
@@ -392,6 +401,12 @@ def screening_waves(lab: Any) -> dict[str, Wave]:
     """The lab's waves that hold successive-halving decisions, by id (one query: listings of
     many runs look their decisions up here instead of a wave per run)."""
     return {w.id: w for w in lab.ledger.waves() if (w.spec or {}).get(DECISIONS_KEY)}
+
+
+def _drop_empty_wave(lab: Lab, wave_id: str) -> None:
+    with lab.ledger.transaction() as c:
+        if c.execute("SELECT 1 FROM experiments WHERE wave = ? LIMIT 1", (wave_id,)).fetchone() is None:
+            c.execute("DELETE FROM waves WHERE id = ?", (wave_id,))
 
 
 def rung_info(lab: Any, e: Experiment, waves: dict[str, Wave] | None = None) -> dict[str, Any]:

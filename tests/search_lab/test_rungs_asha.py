@@ -105,3 +105,23 @@ def test_submit_screen_promotes_the_top_third_as_runs_finish(quick_lab):
         assert "→ cpu2" in client.get("/").text
     text = nightlab("rungs", cwd=lab)
     assert "cpu -> cpu2: rank correlation +1.00, n=3" in text.stdout and "warning:" in text.stderr
+
+
+def test_submit_screen_without_a_rung_names_the_config_to_add(quick_lab):
+    lab = quick_lab(slots=1)
+    proc = nightlab("submit", "--screen", "-m", "x", "--set", "LR=0.03", cwd=lab, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert 'promote_to = "cpu"' in proc.stderr and "budget_seconds" in proc.stderr
+    assert json.loads(nightlab("results", "--all", "--json", cwd=lab).stdout)["total"] == 0  # nothing queued
+
+
+def test_a_refused_screened_idea_leaves_no_wave(quick_lab):
+    lab = quick_lab(slots=1, extra_pools=CPU2)
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text().replace('\ntier = "cpu"\n', '\ntier = "cpu"\npromote_to = "cpu2"\n', 1))
+    commit(lab, "cpu screens for cpu2")
+    proc = nightlab(
+        "submit", "--screen", "--tier", "cpu2", "-m", "x", "--set", "NOPE=1", cwd=lab, check=False
+    )
+    assert proc.returncode == 2 and "NOPE" in proc.stderr
+    assert json.loads(nightlab("waves", "--json", cwd=lab).stdout) == []
