@@ -40,6 +40,7 @@ def test_submit_screen_promotes_the_top_third_as_runs_finish(quick_lab):
         assert out[0]["tier"] == "cpu"
         ids[lr] = out[0]["id"]
     nightlab("submit", "-m", "start", "--set", "LR=0.0101", cwd=lab)  # starts the controller
+    assert "rungs: cpu -> cpu2, cpu2" in nightlab("status", cwd=lab).stdout  # a foreign target: no budgets
     wait_json(lab, *ids.values())
 
     def shown(lr):

@@ -89,4 +89,18 @@ def fleet_state(lab: Any) -> dict[str, Any]:
         ],
         # each configured experiment tracker: runs sent, runs queued, its outage (docs/trackers.md)
         "trackers": tracker_status(lab.config, lab.ledger),
+        # each tier's training budget and the rung it promotes to (`nightlab.rungs`), when any screens
+        "rungs": rung_rows(lab.config),
     }
+
+
+def rung_rows(config: Any) -> list[dict[str, Any]]:
+    """Each tier's budget and next rung, when the lab has screening rungs (else empty)."""
+    from nightlab.rungs import budget_of, has_rungs, next_rung
+
+    if not has_rungs(config):
+        return []
+    return [
+        {"tier": t, "budget_seconds": budget_of(config, t), "promote_to": next_rung(config, t)}
+        for t in config.fleet.tiers
+    ]
