@@ -16,12 +16,12 @@ screening wave's spec (`rungs`), which `show`, `results` and the dashboard read.
 
 A wave takes part when its spec has `asha = {"to": TIER, "repeats": N}`: `nightlab submit
 --screen`, `nightlab search --screen-tier` and the promotions made here (to a rung that itself
-promotes) write it. The controller calls `review` after every run on a screening rung ends.
+promotes) write it. The controller's verdict policy (`Judge.ended`, judge.py) calls `review` after
+every ok run on an enrolled rung: the fleet never imports the lab.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -246,27 +246,27 @@ def _claim(lab: Lab, wave_id: str, exp_id: str, decision: Decision) -> bool:
     promoted, or is being promoted, already (the controller and a search loop may both review).
 
     A decision that qualifies is stored `claimed`: whoever stored it makes the promotion."""
-    with lab.ledger.transaction() as c:
-        row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
-        spec = json.loads(row[0]) if row and row[0] else {}
+
+    def change(spec: dict[str, Any]) -> dict[str, Any] | None:
         decisions = dict(spec.get(DECISIONS_KEY) or {})
         old = decisions.get(exp_id) or {}
         if old.get("promoted") or old.get("claimed"):
-            return False
+            return None
         decisions[exp_id] = {**decision.to_dict(), "claimed": decision.qualifies}
-        spec[DECISIONS_KEY] = decisions
-        c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
-    return True
+        return {**spec, DECISIONS_KEY: decisions}
+
+    return lab.ledger.change_wave_spec(wave_id, change)
 
 
 def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str | None) -> None:
     """Record the promotion wave (None: the promotion failed, the claim is dropped)."""
-    with lab.ledger.transaction() as c:
-        row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
-        spec = json.loads(row[0]) if row and row[0] else {}
-        entry = spec.setdefault(DECISIONS_KEY, {}).setdefault(exp_id, {})
-        entry["promoted"], entry["claimed"] = promoted, False
-        c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
+
+    def change(spec: dict[str, Any]) -> dict[str, Any]:
+        decisions = dict(spec.get(DECISIONS_KEY) or {})
+        decisions[exp_id] = {**(decisions.get(exp_id) or {}), "promoted": promoted, "claimed": False}
+        return {**spec, DECISIONS_KEY: decisions}
+
+    lab.ledger.change_wave_spec(wave_id, change)
 
 
 def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decision]:
@@ -386,7 +386,7 @@ def submit_screened(
             description, tier=screen, wave=wave.id, start_controller=False, source=Source.CLI, **submit
         )
     except Exception:
-        _drop_empty_wave(lab, wave.id)  # nothing half-written: a refused idea leaves no wave
+        lab.ledger.drop_empty_wave(wave.id)  # nothing half-written: a refused idea leaves no wave
         raise
     if not lab.ledger.experiments(tree=head.tree, tier=screen, with_metrics=False):
         exps += submit_incumbent(lab, screen, wave.id, 1, lab.files_at(head.commit))
@@ -401,12 +401,6 @@ def screening_waves(lab: Any) -> dict[str, Wave]:
     """The lab's waves that hold successive-halving decisions, by id (one query: listings of
     many runs look their decisions up here instead of a wave per run)."""
     return {w.id: w for w in lab.ledger.waves() if (w.spec or {}).get(DECISIONS_KEY)}
-
-
-def _drop_empty_wave(lab: Lab, wave_id: str) -> None:
-    with lab.ledger.transaction() as c:
-        if c.execute("SELECT 1 FROM experiments WHERE wave = ? LIMIT 1", (wave_id,)).fetchone() is None:
-            c.execute("DELETE FROM waves WHERE id = ?", (wave_id,))
 
 
 def rung_info(lab: Any, e: Experiment, waves: dict[str, Wave] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 
 import nightlab as nightlab_pkg
 from labkit import nightlab
-from nightlab import waves
+from nightlab import research, waves
 from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, WorkerSlot
 from nightlab.fleet.controller import Controller
@@ -575,3 +575,41 @@ def test_progress_png_draws_within_noise_apart_and_counts_the_degraded_runs_it_l
     labels.clear()
     progress_png(lab.ledger, lab.config, lab.path / "progress.png")
     assert labels == ["baseline", f"adopted {best.id} by force (within-noise): lr 0.02"]
+
+
+def test_a_screened_search_wave_from_before_successive_halving_is_enrolled_when_resumed(lab, monkeypatch):
+    """A `--screen-tier` wave submitted by an older nightlab has no successive-halving spec: the
+    resumed loop enrols it and reviews its rung, instead of waiting for decisions that never come."""
+    from nightlab import rungs
+
+    ctrl = _controller(lab)
+    key = {"strategy": "pattern", "spaces": [], "tier": "cpu", "screen_tier": "cpu"}
+    wave = waves.submit_wave(
+        lab,
+        [{"LR": "0.019"}, {"LR": "0.03"}, {"LR": "0.005"}],
+        design="search:pattern",
+        description="screen",
+        tier="cpu",
+        search=(key, 0),
+        source=Source.SEARCH,
+        start_controller=False,
+    )
+    remeasure, a, b, c = wave.experiments
+    _run(lab, ctrl, {remeasure.id: 1.0, a.id: 0.97, b.id: 1.2, c.id: 1.5})
+    assert rungs.SPEC_KEY not in lab.ledger.wave(wave.wave.id).spec
+
+    class _Stop(Exception):
+        pass
+
+    picked = []
+
+    def promote(lab, ids, **_):
+        picked.extend(ids)
+        raise _Stop
+
+    monkeypatch.setattr(waves, "promote", promote)
+    plan = research.SearchPlan("pattern", (), "cpu", "cpu", wave_size=3, top_k=3, repeats=2)
+    with pytest.raises(_Stop):
+        research._LabLoop(lab, plan, [], poll=0.01, note=lambda _: None).promote(wave.wave.id)
+    assert picked == [a.id]  # rank 1 of 4, the top quarter's cut-off is 1
+    assert rungs.SPEC_KEY in lab.ledger.wave(wave.wave.id).spec

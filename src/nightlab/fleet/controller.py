@@ -137,7 +137,6 @@ class Controller:
 
             self._digests = record_digests(lab_dir)
         self._code: str | None = None
-        self._lab: Any = None  # opened on the first screening run that ends (`_review_rung`)
         self._next_backup = 0.0
         self._disk_warned = 0.0
         self.ledger_failed = False
@@ -284,8 +283,6 @@ class Controller:
         self.health.close()
         for backend in self.backends.values():
             backend.close()
-        if self._lab is not None:
-            self._lab.close()
         self.ledger.release_controller(self.pid)
 
     # ------------------------------------------------------------------ helpers
@@ -526,28 +523,9 @@ class Controller:
         )
         if state is AttemptEnd.FINISHED:
             self.policy.ended(exp, outcome, verdict, judged)
-            if outcome is Outcome.OK:
-                self._review_rung(exp.tier)
         elif state is AttemptEnd.QUEUED:
             self._retries[exp.id] = attempt.worker  # before the next lease, not at the next heartbeat
         return state, exp
-
-    def _review_rung(self, tier: str) -> None:
-        """A run on a screening rung ended: promote the rung's candidates now in its top 1/eta
-        (`nightlab.rungs.review`, asynchronous successive halving: no wave waits for another)."""
-        from nightlab import rungs
-
-        if not rungs.screening_tier(self.ledger, tier):
-            return
-        try:
-            if self._lab is None:
-                from nightlab.lab import Lab
-
-                self._lab = Lab(self.lab_dir)
-            for d in rungs.review(self._lab, tier):
-                log.info("rung %s: %s", tier, d.line())
-        except NightlabError as e:  # a promotion that cannot be made must not stop the fleet
-            self.ledger.log_event("promote-failed", None, tier=tier, error=str(e))
 
     def _dispatch(self) -> bool:
         """Lease work to free slots; returns whether anything is queued for this fleet."""

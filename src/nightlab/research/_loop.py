@@ -376,6 +376,11 @@ class _LabLoop:
         the controller promotes a candidate as soon as it ranks in its rung's top 1/eta,
         `nightlab.rungs.review`), and for their runs. Returns the first promotion wave, or None."""
         lab = self.lab
+        wave = lab.ledger.wave(wave_id)
+        if rungs.SPEC_KEY not in (wave.spec or {}):
+            # submitted before successive halving (a search resumed across an upgrade): enrol it now
+            lab.ledger.update_wave_spec(wave_id, {**(wave.spec or {}), **self.screening()})
+            rungs.review(lab, self.plan.screen_tier or self.plan.tier, start_controller=True)
         todo, seen = [(wave_id, self.plan.screen_tier or self.plan.tier)], set()
         while todo:
             wid, tier = todo.pop(0)
