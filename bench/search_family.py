@@ -42,9 +42,20 @@ candidates of the wave in which they end, judged against the incumbent of that m
 z of that wave's size). Only whole configurations are judged, each against the incumbent it would
 replace, so the verdict rule is the synchronous one.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Fidelity (issue 34): `NAME@screen` runs NAME's waves on a short rung (`--screen-fraction`, default
+1/3 of the budget) with asynchronous successive halving (`--eta`, default 3: a configuration whose
+short run ends in the top third of what the rung has seen, ahead of the incumbent there, gets two
+full runs at once), as `nightlab search --screen-tier` does; only full runs are judged, and every
+strategy is still judged on the full-budget truth. A short run's value comes from `Fidelity`
+(the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
+short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
+measurement is to replace them. A wave of an `@screen` strategy proposes workers x (full / short
+cost) x `--screen-wave` ideas. `heldout8` (h56-h63, seeds 800-819) is kept unread for it.
+
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
+           [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
 """
 
 from __future__ import annotations
@@ -364,6 +375,9 @@ HELDOUT6_MEMBERS = [f"h{i}" for i in range(40, 48)]
 # once, at the end, for the version kept; its 2-wave ceiling (`--levers`) is read
 # with it.
 HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
+# `heldout8` (h56-h63 = member seeds 1056-1063, seeds 800-819) judges screening by budget (issue
+# 34, `@screen` strategies and `--fidelity`), read once, at the end.
+HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -373,6 +387,7 @@ SETS = {
     "heldout5": (HELDOUT5_MEMBERS, range(500, 520)),
     "heldout6": (HELDOUT6_MEMBERS, range(600, 620)),
     "heldout7": (HELDOUT7_MEMBERS, range(700, 720)),
+    "heldout8": (HELDOUT8_MEMBERS, range(800, 820)),
 }
 
 
@@ -559,6 +574,150 @@ class RollingSim(Sim):
         return [Observation(r.id, dict(r.params), r.value) for r in done]
 
 
+# --- fidelity: a member's value at a shorter budget (issue 34) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How a member's run at a fraction b of the full budget differs from a full run.
+
+    A short run flatters a high learning rate (the LR valley's centre moves up by `lr_shift`
+    coded units times 1 - b), penalises size (WIDTH, DEPTH, MLP_RATIO: + `size_penalty` x the
+    member's spread x 1 - b per coded unit), and is noisier (sd x b ** -`noise_exp`); it costs
+    (b + `overhead`) / (1 + `overhead`) of a full run's time (start-up and scoring do not shrink).
+    The defaults are ASSUMPTIONS, not measurements: issue 34's item 3 (12 configurations x 3
+    budgets x 3 seeds on the cpu profile) is to replace them.
+    """
+
+    lr_shift: float = 0.4
+    size_penalty: float = 0.1
+    noise_exp: float = 0.5
+    overhead: float = 0.2
+
+
+SIZE_ROLES = ("WIDTH", "DEPTH", "MLP_RATIO")
+
+
+def value_at(m: Member, v: Mapping[str, object], b: float, fid: Fidelity) -> float:
+    """The noise-free value of a run of `v` at budget fraction `b` (b = 1: `m.truth`)."""
+    if b >= 1.0:
+        return m.truth(v)
+    dims = {d.name: d for d in m.dims}
+    lr = dims["LR"]
+    shifted = {**v, "LR": lr.from_coded(lr.coded(v["LR"]) - fid.lr_shift * (1.0 - b))}
+    sizes = sum(dims[s].coded(v[s]) for s in SIZE_ROLES if s in dims)
+    spread = float(m.info.get("spread", 1.0))
+    return m.truth(shifted) + (1.0 - b) * fid.size_penalty * spread * sizes
+
+
+class ScreenSim(Sim):
+    """Screening by budget with asynchronous successive halving, as `nightlab search --screen-tier`
+    on a short rung: every proposal runs at budget fraction `fraction`; as each short run ends it
+    is ranked among every configuration the rung has seen by then (the incumbent's included), and
+    one in the top floor(n / eta), ahead of the incumbent on the rung, gets `repeats` full runs at
+    once (no wave barrier). Only full runs are judged (`Sim._judge`: the noise floor and the
+    verdict use full runs only); the strategy learns from the short values, as the lab's loop
+    observes the screened wave."""
+
+    def __init__(
+        self,
+        m: Member,
+        *,
+        fraction: float,
+        eta: int,
+        fid: Fidelity,
+        repeats: int = 2,
+        wave_scale: float = 1.0,
+        **kw,
+    ) -> None:
+        super().__init__(m, **kw)
+        self.wave_scale = wave_scale  # proposals per wave: workers x (full / short cost) x this
+        self.fraction, self.eta, self.fid, self.repeats = fraction, eta, fid, repeats
+        self.short: dict[tuple, list[Run]] = {}  # the rung's runs by configuration
+        self.promoted: set[tuple] = set()
+
+    def _short(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
+        knobs = {d.name: knobs[d.name] for d in self.m.dims}
+        v = self.m.values(knobs)
+        t = heapq.heappop(self.free)
+        start = max(t, at)
+        crashed = self.m.crash(v)
+        f, o = self.fraction, self.fid.overhead
+        full = self.m.seconds(v)
+        if crashed is None:
+            sd = self.m.sd(v) * f**-self.fid.noise_exp
+            value = value_at(self.m, v, f, self.fid) + sd * float(self.rng.standard_normal())
+            took = full * (f + o) / (1 + o)
+        else:
+            value = None
+            took = full * min((f + o) / (1 + o), 0.05 if crashed == "oom" else 0.3)
+        run = Run(
+            f"s{len(self.runs):05d}",
+            self.key(knobs),
+            knobs,
+            value,
+            start,
+            start + took,
+            dict(params or knobs),
+        )
+        heapq.heappush(self.free, run.end)
+        self.runs.append(run)
+        self.short.setdefault(run.key, []).append(run)
+        return run
+
+    def _rung_means(self, at: float) -> dict[tuple, float]:
+        out = {}
+        for k, runs in self.short.items():
+            vals = [r.value for r in runs if r.value is not None and r.end <= at]
+            if vals:
+                out[k] = statistics.fmean(vals)
+        return out
+
+    def submit(self, proposals: list[dict[str, str]], index: int) -> str:
+        wave_id = f"w{index:03d}"
+        self.submitted[wave_id] = self.now
+        head = self.key(self.head)
+        if head not in self.short:  # the rung's reference: one short run of the incumbent
+            self._short(self.head, self.now)
+        members: list[Run] = []
+        seen: set[tuple] = set()
+        for p in proposals:
+            k = self.key({**self.head, **p})
+            if k in seen:
+                continue
+            seen.add(k)
+            if self.short.get(k):
+                members.append(replace(self.short[k][0], params=dict(p)))
+                continue
+            members.append(self._short({**self.head, **p}, self.now, params=p))
+        # asynchronous successive halving over the rung's runs, in the order they end
+        full: list[Run] = []
+        for r in sorted(members, key=lambda r: r.end):
+            means = self._rung_means(r.end)
+            order = sorted(means, key=means.get)
+            cutoff = len(order) // self.eta
+            inc = means.get(head)
+            for c in members:
+                if c.key in self.promoted or c.key == head or c.key not in means or c.end > r.end:
+                    continue
+                if order.index(c.key) < cutoff and (inc is None or means[c.key] < inc):
+                    self.promoted.add(c.key)
+                    full += [self._run(c.knobs, r.end, params=c.params) for _ in range(self.repeats)]
+        self.waves[wave_id] = members
+        self.full_of = getattr(self, "full_of", {})
+        self.full_of[wave_id] = full
+        return wave_id
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        members = self.waves[wave_id]
+        full = self.full_of.get(wave_id, [])
+        self.now = max([self.now] + [r.end for r in members + full + self.floor])
+        self.floor = []
+        promoted = {r.key for r in full}
+        self.judged[wave_id] = [r for r in members if r.key in promoted]
+        return [Observation(r.id, dict(r.params), r.value) for r in members]
+
+
 # --- one search ---------------------------------------------------------------------------------
 
 
@@ -604,15 +763,27 @@ def search(
     rolling: float | None = None,
     options: Mapping[str, object] | None = None,
     floor: int = FLOOR_REPEATS,
+    screen: tuple[float, int, Fidelity, float] | None = None,
 ) -> Trace:
-    """Run one search of `strategy` on member `m` through `run_loop`; its path of true values."""
-    strat = make_strategy(strategy, m.dims, seed=seed, **dict(options or {}))
+    """Run one search of `strategy` on member `m` through `run_loop`; its path of true values.
+
+    `NAME@screen` (with `screen` = (budget fraction, eta, fidelity)) runs NAME's waves on a short
+    rung with asynchronous successive halving (`ScreenSim`)."""
+    name = strategy.split("@", 1)[0]
+    strat = make_strategy(name, m.dims, seed=seed, **dict(options or {}))
     settle = not strat.settles_in_next_wave(workers)  # as `nightlab search`: no settle round then
-    sim = (
-        RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
-        if rolling
-        else Sim(m, workers=workers, seed=seed, settle=settle)
-    )
+    if strategy.endswith("@screen"):
+        if screen is None:
+            sys.exit("`NAME@screen` needs --screen-fraction and --eta")
+        fraction, eta, fid, scale = screen
+        # a settle round is the lab's too: its repeats are full runs of the picked candidate
+        sim: Sim = ScreenSim(
+            m, fraction=fraction, eta=eta, fid=fid, wave_scale=scale, workers=workers, seed=seed, settle=True
+        )
+    elif rolling:
+        sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
+    else:
+        sim = Sim(m, workers=workers, seed=seed, settle=settle)
     truth0 = m.truth(m.values(m.start))
     state = {"truth": truth0, "wrong": 0}
     times, truths = [0.0], [truth0]
@@ -638,7 +809,11 @@ def search(
 
     sim.start_floor(floor)
     logged: set[str] = set()
-    size = workers if strategy != "greedy" else 1
+    size = workers if name != "greedy" else 1
+    if isinstance(sim, ScreenSim) and name != "greedy":
+        # a short run costs (f + o) / (1 + o) of a full one: the same workers try that many more ideas
+        f, o = sim.fraction, sim.fid.overhead
+        size = max(size, round(workers * (1 + o) / (f + o) * sim.wave_scale))
     started = time.process_time()
     done = 0
     try:
@@ -778,6 +953,22 @@ def main() -> None:
     parser.add_argument(
         "--floor", type=int, default=FLOOR_REPEATS, help="repeats of the start alongside the first wave"
     )
+    parser.add_argument(
+        "--screen-fraction", type=float, default=1 / 3, help="NAME@screen: the short rung's budget fraction"
+    )
+    parser.add_argument("--eta", type=int, default=3, help="NAME@screen: promote the rung's top 1/eta")
+    parser.add_argument(
+        "--screen-wave",
+        type=float,
+        default=1.0,
+        help="NAME@screen: proposals per wave = workers x (full / short run cost) x this (0: workers)",
+    )
+    parser.add_argument(
+        "--fidelity",
+        default="",
+        metavar="K=V,...",
+        help="Fidelity fields (lr_shift, size_penalty, noise_exp, overhead); defaults are assumptions",
+    )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
     parser.add_argument(
@@ -791,6 +982,10 @@ def main() -> None:
     strategies = [s for s in args.strategies.split(",") if s]
     options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
     members = [member(n) for n in names]
+    fid = Fidelity(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)})
+    if not 0 < args.screen_fraction < 1 or args.eta < 2:
+        sys.exit("--screen-fraction must be in (0, 1) and --eta at least 2")
+    screen = (args.screen_fraction, args.eta, fid, args.screen_wave)
     if args.describe:
         for m in members:
             print(f"{m.name:>4}: {m.describe}")
@@ -817,6 +1012,7 @@ def main() -> None:
                     rolling=args.rolling,
                     options=options if s == strategies[0] else None,
                     floor=args.floor,
+                    screen=screen,
                 )
                 wrong[s] += p.wrong
                 t = p.time_to(target)

@@ -68,6 +68,9 @@ class PoolConfig:
     threads: int | None = None
     gpus: tuple[int, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)  # backend-specific keys (accelerators, infra, ...)
+    # a screening rung (issue 34): the tier trains this many seconds instead of the profile's budget
+    budget_seconds: float | None = None
+    promote_to: str | None = None  # the next rung: the tier a run here is promoted to (`nightlab.rungs`)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class SearchConfig:
     z: float = 2.0
     incumbent_max_age_waves: int = 3
     promote_top_k: int = 3
+    eta: int = 3  # successive halving: a screening run is promoted when it ranks in the top 1/eta
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,8 @@ def _parse_pool(raw: Any, index: int) -> PoolConfig:
     tier = _get(raw, where, "tier", str)
     if not _TIER.fullmatch(tier):
         raise ConfigError(f"{CONFIG_NAME}: `{where}.tier` is `{tier!r}`; use a name like `h100` or `cpu`")
+    rung = _parse_rung(raw, where)
+    raw = {k: v for k, v in raw.items() if k not in _RUNG_KEYS}
     if backend == "local":
         _no_unknown(raw, where, {"backend", "tier", "slots", "threads", "gpus"})
         gpus = tuple(_get(raw, where, "gpus", list, []))
@@ -237,7 +243,65 @@ def _parse_pool(raw: Any, index: int) -> PoolConfig:
         raise ConfigError(f"{CONFIG_NAME}: `{where}` needs at least one slot, got `{slots}`")
     if threads is not None and threads < 1:
         raise ConfigError(f"{CONFIG_NAME}: `{where}.threads` must be at least 1, got `{threads}`")
-    return PoolConfig(backend=backend, tier=tier, slots=slots, threads=threads, gpus=gpus, options=options)
+    return PoolConfig(
+        backend=backend, tier=tier, slots=slots, threads=threads, gpus=gpus, options=options, **rung
+    )
+
+
+_RUNG_KEYS = ("budget_seconds", "promote_to")
+
+
+def _parse_rung(raw: dict, where: str) -> dict[str, Any]:
+    """A pool's screening-rung keys: `budget_seconds` (its own training budget) and `promote_to`."""
+    budget = _get(raw, where, "budget_seconds", (int, float), None)
+    if budget is not None and not budget > 0:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `{where}.budget_seconds` must be a positive number of seconds, e.g. `10`, "
+            f"got `{budget}`"
+        )
+    promote_to = _get(raw, where, "promote_to", str, None)
+    return {"budget_seconds": None if budget is None else float(budget), "promote_to": promote_to}
+
+
+def _check_rungs(pools: tuple[PoolConfig, ...], profile: Any) -> None:
+    """Rungs must agree per tier, sit below the profile's budget and climb to a known tier."""
+    by_tier: dict[str, PoolConfig] = {}
+    for p in pools:
+        first = by_tier.setdefault(p.tier, p)
+        if (first.budget_seconds, first.promote_to) != (p.budget_seconds, p.promote_to):
+            raise ConfigError(
+                f"{CONFIG_NAME}: the pools of tier `{p.tier}` disagree on `budget_seconds` / `promote_to`; "
+                "give every [[fleet.pool]] of one tier the same values"
+            )
+    full = profile.get("budget_seconds") if isinstance(profile, dict) else None
+    for tier, p in by_tier.items():
+        if p.budget_seconds is None and p.promote_to is None:
+            continue
+        if p.budget_seconds is not None and not isinstance(full, (int, float)):
+            raise ConfigError(
+                f"{CONFIG_NAME}: tier `{tier}` sets `budget_seconds`, which only the built-in target's "
+                "clock obeys; remove it (a foreign target keeps its own budget)"
+            )
+        if p.budget_seconds is not None and isinstance(full, (int, float)) and p.budget_seconds > full:
+            raise ConfigError(
+                f"{CONFIG_NAME}: tier `{tier}` has `budget_seconds = {p.budget_seconds:g}`, more than the "
+                f"profile's {full:g} s; a rung screens with a shorter budget, e.g. `{full / 3:g}`"
+            )
+        if p.promote_to is None:
+            continue
+        if p.promote_to not in by_tier or p.promote_to == tier:
+            raise ConfigError(
+                f"{CONFIG_NAME}: tier `{tier}` has `promote_to = {p.promote_to!r}`, which is not another "
+                f"tier; tiers: {', '.join(sorted(by_tier))}"
+            )
+        mine = p.budget_seconds if p.budget_seconds is not None else full
+        nxt = by_tier[p.promote_to].budget_seconds
+        nxt = nxt if nxt is not None else full
+        if isinstance(mine, (int, float)) and isinstance(nxt, (int, float)) and not mine < nxt:
+            raise ConfigError(
+                f"{CONFIG_NAME}: tier `{tier}` ({mine:g} s) promotes to `{p.promote_to}` ({nxt:g} s); "
+                "the next rung must have a longer budget: give the screening tier a smaller `budget_seconds`"
+            )
 
 
 def cluster_gpus(accelerators: Any) -> float | None:
@@ -403,11 +467,12 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     )
 
     s = _table(doc, "search", required=False)
-    _no_unknown(s, "search", {"z", "incumbent_max_age_waves", "promote_top_k"})
+    _no_unknown(s, "search", {"z", "incumbent_max_age_waves", "promote_top_k", "eta"})
     search = SearchConfig(
         z=float(_get(s, "search", "z", (int, float), 2.0)),
         incumbent_max_age_waves=_get(s, "search", "incumbent_max_age_waves", int, 3),
         promote_top_k=_get(s, "search", "promote_top_k", int, 3),
+        eta=_parse_eta(s),
     )
     if search.z <= 0 or search.incumbent_max_age_waves < 1 or search.promote_top_k < 1:
         raise ConfigError(
@@ -418,6 +483,7 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     profile = doc.get("profile")
     if profile is not None and not isinstance(profile, dict):
         raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")
+    _check_rungs(pools, profile)
 
     a = _table(doc, "agent", required=False)
     _no_unknown(
@@ -480,6 +546,16 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
         agent=agent,
         trackers=_parse_trackers(_table(doc, "trackers", required=False)),
     )
+
+
+def _parse_eta(s: dict) -> int:
+    """`[search] eta`: successive halving promotes the top 1/eta of a rung (2 or more)."""
+    eta = _get(s, "search", "eta", int, 3)
+    if eta < 2:
+        raise ConfigError(
+            f"{CONFIG_NAME}: `search.eta` must be at least 2 (3 promotes the top third), got `{eta}`"
+        )
+    return eta
 
 
 def _parse_trackers(t: dict) -> TrackersConfig:

@@ -170,6 +170,7 @@ class Judge:
 
     def __init__(self, ledger: Ledger, config: LabConfig, lab_dir: Path) -> None:
         self.ledger, self.config, self.lab_dir = ledger, config, Path(lab_dir)
+        self._lab: Any = None  # the lab, opened when a screening run first ends (`_review_rung`)
         self.metric = config.metric.name
         self.lower_is_better = config.metric.lower_is_better
 
@@ -392,7 +393,8 @@ class Judge:
     def ended(
         self, exp: Experiment, outcome: Outcome, verdict: Verdict | str | None, judged: dict[str, Any] | None
     ) -> None:
-        """After a run's final end was stored: its siblings' verdicts, and the candidates judged too early."""
+        """After a run's final end was stored: its siblings' verdicts, the candidates judged too early,
+        and, on a screening rung, the promotions the run makes due (`nightlab.rungs.review`)."""
         if outcome != Outcome.OK:
             return
         self._refresh_siblings(exp, verdict, judged)
@@ -402,6 +404,25 @@ class Judge:
                 # the incumbent's figure (and maybe the noise floor) changed: candidates judged
                 # too early get their verdict now, not when someone happens to read them
                 self.refresh_pending(exp.tier, inc)
+        self._review_rung(exp.tier)
+
+    def _review_rung(self, tier: str) -> None:
+        """A run on a screening rung ended: promote the rung's candidates now in its top 1/eta
+        (asynchronous successive halving: no wave waits for another). A promotion that cannot be
+        made is logged, never raised: it must not stop the fleet; the next run's review retries."""
+        from nightlab import rungs
+        from nightlab.errors import NightlabError
+
+        if not rungs.screening_tier(self.ledger, tier):
+            return
+        try:
+            if self._lab is None:
+                from nightlab.lab import Lab
+
+                self._lab = Lab(self.lab_dir)
+            rungs.review(self._lab, tier)
+        except NightlabError as e:
+            self.ledger.log_event("promote-failed", None, tier=tier, error=str(e))
 
     def _refresh_siblings(
         self, exp: Experiment, verdict: Verdict | str | None, judged: dict[str, Any] | None

@@ -253,10 +253,14 @@ def test_measuring_the_incumbent_judges_the_run_adopt_refused(lab):
 # --- one rule per duplicated decision ---------------------------------------------------------------
 
 
-def test_promote_wave_and_the_search_loop_promote_the_same_candidates(lab, monkeypatch):
+def test_promote_wave_and_the_search_loops_successive_halving_promote_the_same_candidates(lab, monkeypatch):
     """D is judged `discard` against a one-run incumbent; the incumbent's later runs make D's raw
     mean better than the incumbent's. The search loop used to promote D by raw mean while
-    `nightlab promote --wave` did not (verdict keep / within-noise): both now ask the judge."""
+    `nightlab promote --wave` did not (verdict keep / within-noise). The loop now promotes by
+    successive halving (`nightlab.rungs`: the top 1/3 of the rung, ahead of the incumbent): of the
+    3 snapshots the rung has seen, only A."""
+    from nightlab import rungs
+
     ctrl = _controller(lab)
     key = {"strategy": "pattern", "spaces": [], "tier": "cpu", "screen_tier": "cpu"}
     wave = waves.submit_wave(
@@ -266,6 +270,7 @@ def test_promote_wave_and_the_search_loop_promote_the_same_candidates(lab, monke
         description="screen",
         tier="cpu",
         search=(key, 0),
+        spec=rungs.screen_spec("cpu", 2),
         source=Source.SEARCH,
         start_controller=False,
     )
@@ -291,13 +296,16 @@ def test_promote_wave_and_the_search_loop_promote_the_same_candidates(lab, monke
         pass
 
     monkeypatch.setattr(waves._promote, "promote", capture("promote_wave"))
-    monkeypatch.setattr(research._loop, "promote", capture("search"))
     with pytest.raises(_Stop):
         waves.promote_wave(lab, wave.wave.id, tier="cpu")
-    plan = research.SearchPlan("pattern", (), "cpu", "cpu", wave_size=2, top_k=3, repeats=2)
+    monkeypatch.setattr(waves, "promote", capture("search"))
     with pytest.raises(_Stop):
-        research._LabLoop(lab, plan, [], poll=0.01, note=lambda _: None).promote(wave.wave.id)
+        rungs.review(lab, "cpu")
     assert picked["promote_wave"] == picked["search"] == [a.id]
+    # the failed promotion left no claim behind: the next review tries again, and D stays out
+    decisions = rungs.decisions_for(lab.ledger.wave(wave.wave.id))
+    assert not decisions[a.id]["claimed"] and decisions[a.id]["promoted"] is None
+    assert (decisions[d.id]["rank"], decisions[d.id]["seen"], decisions[d.id]["cutoff"]) == (2, 3, 1)
 
 
 def test_waves_and_submit_apply_knobs_by_one_rule(lab):
@@ -567,3 +575,41 @@ def test_progress_png_draws_within_noise_apart_and_counts_the_degraded_runs_it_l
     labels.clear()
     progress_png(lab.ledger, lab.config, lab.path / "progress.png")
     assert labels == ["baseline", f"adopted {best.id} by force (within-noise): lr 0.02"]
+
+
+def test_a_screened_search_wave_from_before_successive_halving_is_enrolled_when_resumed(lab, monkeypatch):
+    """A `--screen-tier` wave submitted by an older nightlab has no successive-halving spec: the
+    resumed loop enrols it and reviews its rung, instead of waiting for decisions that never come."""
+    from nightlab import rungs
+
+    ctrl = _controller(lab)
+    key = {"strategy": "pattern", "spaces": [], "tier": "cpu", "screen_tier": "cpu"}
+    wave = waves.submit_wave(
+        lab,
+        [{"LR": "0.019"}, {"LR": "0.03"}, {"LR": "0.005"}],
+        design="search:pattern",
+        description="screen",
+        tier="cpu",
+        search=(key, 0),
+        source=Source.SEARCH,
+        start_controller=False,
+    )
+    remeasure, a, b, c = wave.experiments
+    _run(lab, ctrl, {remeasure.id: 1.0, a.id: 0.97, b.id: 1.2, c.id: 1.5})
+    assert rungs.SPEC_KEY not in lab.ledger.wave(wave.wave.id).spec
+
+    class _Stop(Exception):
+        pass
+
+    picked = []
+
+    def promote(lab, ids, **_):
+        picked.extend(ids)
+        raise _Stop
+
+    monkeypatch.setattr(waves, "promote", promote)
+    plan = research.SearchPlan("pattern", (), "cpu", "cpu", wave_size=3, top_k=3, repeats=2)
+    with pytest.raises(_Stop):
+        research._LabLoop(lab, plan, [], poll=0.01, note=lambda _: None).promote(wave.wave.id)
+    assert picked == [a.id]  # rank 1 of 4, the top quarter's cut-off is 1
+    assert rungs.SPEC_KEY in lab.ledger.wave(wave.wave.id).spec

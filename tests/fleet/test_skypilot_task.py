@@ -500,3 +500,20 @@ def test_the_waiting_code_hash_is_the_real_one(tmp_path):
         input=b"anything\n", capture_output=True, cwd="/", timeout=60,
     )  # fmt: skip
     assert proc.stdout.decode().strip() == build.code_hash()
+
+
+def test_a_rungs_budget_travels_to_the_remote_supervisor(tmp_path):
+    """The tier's budget (`nightlab.rungs`) reaches a SkyPilot worker in the job's environment, where
+    the harness's supervisor reads it, as on a local worker (issue 34)."""
+    from dataclasses import replace
+
+    from nightlab.rungs import BUDGET_ENV
+
+    lab, commit = _git_lab(tmp_path, {"train.py": b"print('hi')\n"})
+    spec = _spec(lab, commit, f'echo "budget=${BUDGET_ENV}"')
+    spec = replace(spec, env={**spec.env, BUDGET_ENV: "60.0"})
+    task = sky_task.experiment_task(spec, H100, lab_dir=lab)
+    assert task.envs[BUDGET_ENV] == "60.0"
+    proc = _run_on_fake_cluster(task, tmp_path / "cluster")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "budget=60.0" in sky_task.clean_job_log(proc.stdout)[0]

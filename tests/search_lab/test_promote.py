@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from labkit import nightlab, wait_json
+from labkit import commit, nightlab, wait_json
 
 CPU2 = '[[fleet.pool]]\nbackend = "local"\ntier = "cpu2"\nslots = 1\n'
 
@@ -51,6 +51,10 @@ def test_promote_refuses_unknown_tier_and_same_tier(quick_lab):
 
 def test_search_screens_on_one_tier_and_judges_on_the_other(quick_lab):
     lab = quick_lab(slots=2, extra_pools=CPU2, sleep=0.05, noise=0.002)
+    # successive halving with eta 2: of the wave's 2 screened runs, the better climbs to cpu2
+    toml = lab / "nightlab.toml"
+    toml.write_text(toml.read_text().replace("[search]\n", "[search]\neta = 2\n", 1))
+    commit(lab, "eta 2")
     args = [
         "--strategy",
         "surface",
@@ -70,3 +74,10 @@ def test_search_screens_on_one_tier_and_judges_on_the_other(quick_lab):
     promotion = json.loads(nightlab("waves", w["search"]["promotion"], "--json", cwd=lab).stdout)
     assert {e["tier"] for e in w["experiments"]} == {"cpu"}
     assert {e["tier"] for e in promotion["experiments"] if e["source"] == "promote"} == {"cpu2"}
+    # the screened wave says which candidate climbed and why the other did not
+    decisions = w["spec"]["rungs"]
+    assert sorted(bool(d["promoted"]) for d in decisions.values()) == [False, True]
+    # (the wave re-measures the incumbent on cpu too: the rung has seen 2 or 3 snapshots)
+    winner = next(d for d in decisions.values() if d["promoted"])
+    loser = next(d for d in decisions.values() if not d["promoted"])
+    assert winner["rank"] == 1 and loser["rank"] > loser["cutoff"] >= 1

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "noise": ("nightlab.cli.noise", "Re-run the incumbent to measure the noise floor."),
     "effects": ("nightlab.cli.effects", "Main effects and interactions of a wave."),
     "promote": ("nightlab.cli.promote", "Re-run snapshots on another tier."),
+    "rungs": ("nightlab.cli.rungs", "Rank transfer between screening rungs."),
     "waves": ("nightlab.cli.waves", "List waves."),
     "search": ("nightlab.cli.search", "Automatic research loop."),
     "agent": ("nightlab.cli.agent", "Supervise a coding agent as the researcher."),

@@ -94,6 +94,8 @@ def command(lab, tier, all_, limit, as_json) -> None:
         ranked if all_ else [r for r in ranked if r.value is not None or r.key.degraded][:limit],
         tier=tier,
     )
+    from nightlab.rungs import tier_label
+
     table = Table(box=None, pad_edge=False)
     for col in ("id", "tier", metric, "delta", "verdict", "trust", "seed", "description"):
         table.add_column(
@@ -107,7 +109,16 @@ def command(lab, tier, all_, limit, as_json) -> None:
             value = fmt(r.value) if r.value is not None else (e.outcome or e.status.label)
         delta = "-" if r.delta is None else f"{r.delta:+.6f}"
         vouched = judge.trust(e) or "-"  # a queued or running run has no figures to vouch for
-        table.add_row(e.id, e.tier, value, delta, verdict_cell(r), vouched, str(e.seed), e.description[:60])
+        table.add_row(
+            e.id,
+            tier_label(lab.config, e.tier),
+            value,
+            delta,
+            verdict_cell(r),
+            vouched,
+            str(e.seed),
+            e.description[:60],
+        )
     out.print(table)
     if not lab.config.target.builtin:
         say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")

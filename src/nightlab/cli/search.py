@@ -80,10 +80,17 @@ def interrupted_message(lab) -> str:
     "--tier", default=None, help="Validation tier: winners are judged here (default: fleet.default_tier)."
 )
 @click.option(
-    "--screen-tier", default=None, help="Run each wave on this cheaper tier first, promote the top k."
+    "--screen-tier",
+    default=None,
+    help="Run each wave on this screening rung first (a cheaper or shorter tier); its top 1/eta "
+    "climb to --tier as their runs end.",
 )
 @click.option(
-    "--top", "top_k", type=click.IntRange(min=1), default=None, help="k promoted per wave from the screen."
+    "--top",
+    "top_k",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most k promoted per wave from the screen.",
 )
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Runs per promoted candidate."

@@ -50,9 +50,14 @@ def command(lab, experiment_id, tail_lines, no_diff, as_json) -> None:
         out.print(f"  re-run as {again.id} ({result}): `nightlab show {again.id}`")
     if data["rerun_of"]:
         out.print(f"  re-run of {data['rerun_of']}, which ended degraded")
+    rung = data["rung"]
     out.print(
-        f"  tier {e.tier}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, snapshot {e.snapshot[:12]}"
+        f"  tier {rung['label']}, seed {e.seed}, wave {e.wave or '-'}, attempts {e.attempts}, "
+        f"snapshot {e.snapshot[:12]}"
     )
+    if rung["why"]:
+        reached = f"reached {rung['reached']}; " if rung["reached"] != e.tier else ""
+        out.print(f"  rung {reached}{rung['why']}")
     if e.params:
         out.print("  set " + " ".join(f"{k}={v}" for k, v in e.params.items()))
     from nightlab.display import metric_note, number

@@ -18,6 +18,14 @@ def print_state(state: dict) -> None:
         out.print("controller: not running (starts with the next submit, or `nightlab fleet start`)")
     for w in state["workers"]:
         out.print(f"  {w['name']:<14} {w['tier']:<8} {w['state']:<8} {w['experiment_id'] or ''}")
+    if state.get("rungs"):
+        rungs = [
+            f"{r['tier']} {r['budget_seconds']:g} s" + (f" -> {r['promote_to']}" if r["promote_to"] else "")
+            if r["budget_seconds"] is not None
+            else r["tier"] + (f" -> {r['promote_to']}" if r["promote_to"] else "")
+            for r in state["rungs"]
+        ]
+        out.print("rungs: " + ", ".join(rungs))
     if state.get("clusters"):
         from nightlab.fleet.costs import cluster_of
 

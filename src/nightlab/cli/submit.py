@@ -48,9 +48,17 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--priority", type=int, default=0, help="Higher runs first (default 0).")
 @click.option("--force", is_flag=True, help="Whether or not to queue an already measured snapshot/tier/seed.")
 @click.option("--no-start", is_flag=True, help="Whether or not to leave the controller stopped.")
+@click.option(
+    "--screen",
+    is_flag=True,
+    help="Run it short first, on the screening rung below --tier; promoted by itself when it ranks "
+    "in the rung's top 1/eta (docs/search.md, 'Screening').",
+)
 @json_option
 @with_lab
-def command(lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, as_json) -> None:
+def command(
+    lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, screen, as_json
+) -> None:
     """Snapshot the editable files (uncommitted edits included) and queue the experiment.
 
     The working tree is never changed. Starts the fleet controller if none runs.
@@ -62,7 +70,39 @@ def command(lab, description, sets, tier, seed, repeats, from_id, priority, forc
     overrides, base = None, "HEAD"
     if from_id:
         overrides, base = lab.files_of(from_id)
-    exps = lab.submit(
+    if screen:
+        from nightlab.rungs import submit_screened
+
+        exps = submit_screened(
+            lab,
+            description,
+            tier=tier,
+            sets=parse_sets(sets),
+            overrides=overrides,
+            base=base,
+            seed=seed,
+            repeats=repeats,
+            fresh_seeds=bool(from_id) and seed is None,
+            priority=priority,
+            force=force,
+            start_controller=not no_start,
+        )
+    else:
+        exps = _submit(
+            lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, overrides, base
+        )
+    if as_json:
+        emit_json([{"id": e.id, "snapshot": e.snapshot, "tier": e.tier, "seed": e.seed} for e in exps])
+        return
+    for e in exps:
+        click.echo(e.id)
+    say(f"queued {len(exps)} on tier {exps[0].tier}; follow with `nightlab wait {exps[-1].id}`")
+    if screen:
+        say(f"screening on {exps[0].tier}: `nightlab show {exps[0].id}` says whether it was promoted and why")
+
+
+def _submit(lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, overrides, base):
+    return lab.submit(
         description,
         sets=parse_sets(sets),
         overrides=overrides,
@@ -77,9 +117,3 @@ def command(lab, description, sets, tier, seed, repeats, from_id, priority, forc
         force=force,
         start_controller=not no_start,
     )
-    if as_json:
-        emit_json([{"id": e.id, "snapshot": e.snapshot, "tier": e.tier, "seed": e.seed} for e in exps])
-        return
-    for e in exps:
-        click.echo(e.id)
-    say(f"queued {len(exps)} on tier {exps[0].tier}; follow with `nightlab wait {exps[-1].id}`")

@@ -46,6 +46,7 @@ from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
 from nightlab.ledger import Attempt, AttemptEnd, Experiment, Ledger, Outcome, WorkerState
 from nightlab.ledger.integrity import free_bytes
+from nightlab.rungs import BUDGET_ENV, tier_budget_env
 
 log = logging.getLogger("nightlab.controller")
 
@@ -129,7 +130,6 @@ class Controller:
         self.stopping = False
         self._fingerprint = expected_fingerprint(config)
         self._val_set = expected_val_set(config)
-        self._max_training = max_training_seconds(config)
         # built-in target: the harness scores every local run apart from train.py (harness/attempt.py)
         self._digests = None
         if config.target.builtin:
@@ -247,7 +247,6 @@ class Controller:
         self.config, self.slots = config, slots
         self._fingerprint = expected_fingerprint(config)
         self._val_set = expected_val_set(config)
-        self._max_training = max_training_seconds(config)
         self.health.update_slots(slots, config.fleet)
         self.ledger.register_workers([(s.name, s.tier, s.backend, s.info) for s in slots])
         for active in self.active.values():
@@ -309,6 +308,9 @@ class Controller:
             "NIGHTLAB_WORKER": attempt.worker,
             "NIGHTLAB_LAB": str(self.lab_dir),
         }
+        budget = tier_budget_env(self.config, exp.tier)
+        if budget is not None:  # the harness's supervisor runs the clock for the tier's budget
+            env[BUDGET_ENV] = budget
         command = self.config.target.command
         backend = attempt.handle.get("backend", "local")
         if self._scored(backend) and backend == "local":
@@ -429,7 +431,7 @@ class Controller:
                 timed_out=active.killed is _Kill.TIMEOUT,
                 lost=ended.lost,
                 expected_fingerprint=self._fingerprint,
-                max_training_seconds=self._max_training,
+                max_training_seconds=max_training_seconds(self.config, active.slot.tier),
                 code=ended.code,
                 expected_code=self._expected_code() if ended.code else None,
             )

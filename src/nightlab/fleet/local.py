@@ -31,7 +31,12 @@ from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.lifecycle import alive
 from nightlab.snapshots import materialise
 
-MEASUREMENT_OVERRIDES = ("NIGHTLAB_BUDGET", "NIGHTLAB_MAX_STEPS", "NIGHTLAB_SKIP_EVAL")
+MEASUREMENT_OVERRIDES = (
+    "NIGHTLAB_BUDGET",
+    "NIGHTLAB_MAX_STEPS",
+    "NIGHTLAB_SKIP_EVAL",
+    "NIGHTLAB_TIER_BUDGET",
+)
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 

@@ -176,8 +176,9 @@ def expected_val_set(config: Any) -> str | None:
     return val_set_digest(folder_val_secret(data_dir(profile)))
 
 
-def max_training_seconds(config: Any) -> float | None:
-    """The most training time a run of this lab may report.
+def max_training_seconds(config: Any, tier: str | None = None) -> float | None:
+    """The most training time a run of this lab (on `tier`: a screening rung has its own budget)
+    may report.
 
     The template stops at the first step that ends past the budget, so honest runs
     overshoot by one step: allow 10 % or 5 s, whichever is more.
@@ -185,8 +186,11 @@ def max_training_seconds(config: Any) -> float | None:
     if not config.profile:
         return None
     from nightlab.harness.profiles import Profile
+    from nightlab.rungs import budget_of
 
     budget = Profile.from_dict(config.profile).budget_seconds
+    if tier is not None:
+        budget = budget_of(config, tier) or budget
     return budget + max(0.1 * budget, 5.0)
 
 

@@ -10,8 +10,8 @@ in the snapshot's folder (`RUN/work`). The supervisor:
    own session, with `NIGHTLAB_HANDOFF_DIR=RUN/handoff`, and times it with its own clock; when the
    command exits, every process it started is ended (this process is their subreaper), and its
    first process dies with this one (`nightlab/procs.py`);
-2. when it exits 0, checks its wall time against the lab's budget plus `wall_allowance(budget)`
-   (start-up, the capped warm-up, export), the clock's figures against the lab's budget, the
+2. when it exits 0, checks its wall time against the run's budget plus `wall_allowance(budget)`
+   (start-up, the capped warm-up, export), the clock's figures against the run's budget, the
    harness's own files (`integrity.py`), and that a model was handed in;
 3. scores the handed-in program (`scorer.score`), in this process, which imports none of the
    lab's Python, with the validation data the sandbox hid;
@@ -19,7 +19,9 @@ in the snapshot's folder (`RUN/work`). The supervisor:
    exit code. The controller takes the harness-owned keys from that file only (`owned.py`).
 
 The lab's profile comes from `LAB/nightlab.toml`, never from the snapshot's copy, which the
-experiment could have edited.
+experiment could have edited. The run's budget is the profile's, or its tier's own when the
+controller gives one (`NIGHTLAB_TIER_BUDGET`, a screening rung: `nightlab.rungs`); train.py's
+clock gets it as `NIGHTLAB_BUDGET` from this process.
 """
 
 from __future__ import annotations
@@ -58,6 +60,35 @@ MIGRATE_HINT = (
     "folder shows it; docs/integrity.md#migrating), or set `[target] builtin = false` to keep "
     "self-reported results"
 )
+
+
+def tier_budget(profile_budget: float) -> float:
+    """The training budget of this attempt: `NIGHTLAB_TIER_BUDGET` (the controller's, for a tier
+    with its own `budget_seconds`, `nightlab.rungs`), else the profile's.
+
+    The supervisor reads it from its own environment, which train.py cannot change; the clock,
+    the wall limit and the clock check below all use it. A value that is not a positive number
+    at most the profile's budget is refused: a rung screens shorter, never longer.
+
+    Raises:
+        UsageError: naming the bad value.
+    """
+    from nightlab.errors import UsageError
+    from nightlab.rungs import BUDGET_ENV
+
+    raw = os.environ.get(BUDGET_ENV)
+    if raw is None or raw == "":
+        return float(profile_budget)
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = float("nan")
+    if not 0 < budget <= profile_budget:
+        raise UsageError(
+            f"{BUDGET_ENV}={raw!r} must be a number of seconds in (0, {profile_budget:g}] (the profile's "
+            "budget); fix the tier's `budget_seconds` in nightlab.toml"
+        )
+    return budget
 
 
 def wall_allowance(budget: float) -> float:
@@ -148,7 +179,7 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         shutil.rmtree(handoff)
     handoff.mkdir(parents=True)
     profile = load_lab_profile(lab_dir)
-    budget = profile.budget_seconds
+    budget = tier_budget(profile.budget_seconds)
     # the digests the files must keep: the controller's, else this process's view before the run
     expected = digests if digests is not None else integrity.expected_digests()
     plan = sandbox.SandboxPlan(
@@ -162,7 +193,8 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     argv, mode = sandbox.wrap(["/bin/sh", "-c", command], plan=plan)
     env = {k: v for k, v in os.environ.items() if k != HARNESS_DIGESTS_ENV}
     env[HANDOFF_ENV] = str(handoff)
-    result: dict[str, Any] = {"sandbox": mode}
+    env["NIGHTLAB_BUDGET"] = repr(budget)  # the clock's input: the tier's budget (a screening rung's)
+    result: dict[str, Any] = {"sandbox": mode, "budget_seconds": budget}
     if mode == "none":
         result["unsandboxed"] = sandbox.available()
         print(f"nightlab harness: running unsandboxed ({sandbox.available()})", file=sys.stderr, flush=True)
@@ -215,7 +247,7 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         return invalid(f"the hand-in record `{HANDOFF_META}` is unreadable ({type(e).__name__})")
     if clock_budget != budget:
         return invalid(
-            f"the run's clock had a budget of {clock_budget:g} s; the lab's profile says {budget:g} s"
+            f"the run's clock had a budget of {clock_budget:g} s; its tier's budget is {budget:g} s"
         )
     if trained > wall or warmup > min(WARMUP_SECONDS_CAP, WARMUP_FRACTION_CAP * budget) + 1.0:
         return invalid(
@@ -255,7 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     path = os.environ.get(HARNESS_DIGESTS_ENV)
     if path:
         digests = json.loads(Path(path).read_text())
-    return supervise(command, run_dir=args.run_dir, lab_dir=args.lab, digests=digests)
+    from nightlab.errors import UsageError
+
+    try:
+        return supervise(command, run_dir=args.run_dir, lab_dir=args.lab, digests=digests)
+    except UsageError as e:
+        print(f"nightlab harness: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ SCORE_FILE = "score.json"
 OWNED_KEYS = (
     "val_bpb",
     "training_seconds",
+    "budget_seconds",  # the run's rung: its tier's budget (`nightlab.rungs`)
     "warmup_seconds",
     "warmup_steps",
     "data_fingerprint",

@@ -424,6 +424,26 @@ class Ledger(TrackerWrites, BaseLedger):
         with self.transaction() as c:
             c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(spec), wave_id))
 
+    def change_wave_spec(self, wave_id: str, change: Any) -> bool:
+        """Read a wave's spec, `change(spec)` it and write it back, in one transaction: two writers
+        (the controller and a search loop, `nightlab.rungs`) never overwrite each other. `change`
+        returns the new spec, or None to leave it as it is (then this returns False)."""
+        with self.transaction() as c:
+            row = c.execute("SELECT spec FROM waves WHERE id = ?", (wave_id,)).fetchone()
+            new = change(json.loads(row[0]) if row and row[0] else {})
+            if new is None:
+                return False
+            c.execute("UPDATE waves SET spec = ? WHERE id = ?", (json.dumps(new), wave_id))
+        return True
+
+    def drop_empty_wave(self, wave_id: str) -> bool:
+        """Remove a wave no experiment belongs to (a submission refused after its wave was made)."""
+        with self.transaction() as c:
+            if c.execute("SELECT 1 FROM experiments WHERE wave = ? LIMIT 1", (wave_id,)).fetchone():
+                return False
+            c.execute("DELETE FROM waves WHERE id = ?", (wave_id,))
+        return True
+
     def update_search_progress(self, wave_id: str, **changes: Any) -> SearchProgress:
         """Change fields of a search wave's progress in one transaction, and return the new record.
 

@@ -4,9 +4,10 @@
 
 - submit: a wave of proposals around the incumbent (`waves.submit_wave`), on the screening tier
   when there is one, else on the validation tier;
-- wait: block until the wave's runs end; with a screening tier, promote the candidates that
-  beat the incumbent there (`Judge.screened`: verdict keep or within-noise, top k by mean, the
-  rule of `nightlab promote --wave` too) to the validation tier with repeats, and wait again;
+- wait: block until the wave's runs end; with a screening tier, the wave is enrolled in
+  asynchronous successive halving (`nightlab.rungs`): the controller promotes a candidate up the
+  rungs as soon as its run ends in the top 1/eta of what its rung has seen and ahead of the
+  incumbent there (at most `top_k` per wave), and the loop waits for the promoted runs too;
 - optionally (`effects_step`), after a factorial wave, the point its significant main effects
   predict (every knob with a significant effect at its better level, the others as they are) is
   measured too, in the same wave: the best corner of a fraction moves every knob, right or wrong.
@@ -80,8 +81,9 @@ def run_search(
         hours: stop starting new waves after this many hours from now.
         wave_size: proposals per wave (default: 1 for greedy, else the slots of the wave's tier).
         tier: the validation tier (default: fleet.default_tier).
-        screen_tier: run each wave here first and promote the best `top_k` to `tier`.
-        top_k: candidates promoted per wave (default `[search] promote_top_k`).
+        screen_tier: run each wave here first (a screening rung: a cheaper tier, or a shorter
+            budget) and promote its top 1/eta, as runs end, up to `tier` (`nightlab.rungs`).
+        top_k: at most this many candidates promoted per wave (default `[search] promote_top_k`).
         repeats: runs of each promoted candidate on `tier`.
         sampler: `tpe` or `gp` for the optuna strategy.
         settle: whether the best of a wave that is within the noise gets the repeats that would

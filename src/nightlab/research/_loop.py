@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nightlab import identity
+from nightlab import identity, rungs
 from nightlab.analysis import ok_values
 from nightlab.errors import DuplicateExperimentError, LedgerError
 from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Source, Verdict
@@ -20,7 +20,6 @@ from nightlab.search.decide import FLOOR_REPEATS, runs_without_floor
 from nightlab.waves import (
     head_knobs,
     noise,
-    promote,
     submit_incumbent,
     submit_repeats,
     submit_wave,
@@ -286,7 +285,7 @@ class _LabLoop:
             design=f"search:{plan.strategy}",
             description=f"search {plan.strategy} wave {index + 1}",
             tier=plan.screen_tier or plan.tier,
-            spec={"spaces": list(plan.spaces)},
+            spec={"spaces": list(plan.spaces), **self.screening()},
             source=Source.SEARCH,
             search=(plan.key(), index),
         )
@@ -308,12 +307,7 @@ class _LabLoop:
         if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
             self.effects_step(wave_id)
         if self.plan.screen_tier is not None:
-            promotion = self.state(wave_id).promotion or self.promote(wave_id)
-            if promotion:
-                self.wait_ids(
-                    [e.id for e in self.lab.ledger.experiments(wave=promotion, with_metrics=False)],
-                    f"promotion {promotion}",
-                )
+            self.promote(wave_id)
         return self.observations(wave_id, index)
 
     def effects_step(self, wave_id: str) -> None:
@@ -360,41 +354,110 @@ class _LabLoop:
         self.set_state(wave_id, stepped=tuple(e.id for e in exps))
         self.wait_ids([e.id for e in exps], f"{wave_id} main-effects step")
 
+    def screening(self) -> dict[str, Any]:
+        """The wave spec that enrols a screened wave in successive halving (`nightlab.rungs`): its
+        candidates go up the rungs to the validation tier, at most `top_k` of them."""
+        plan = self.plan
+        if plan.screen_tier is None:
+            return {}
+        step = rungs.next_rung(self.lab.config, plan.screen_tier)
+        climbs = step is not None and self._climbs_to(step, plan.tier)
+        return rungs.screen_spec(step if climbs else plan.tier, plan.repeats, plan.top_k)
+
+    def _climbs_to(self, tier: str, target: str) -> bool:
+        seen = set()
+        while tier is not None and tier not in seen:
+            if tier == target:
+                return True
+            seen.add(tier)
+            tier = rungs.next_rung(self.lab.config, tier)
+        return False
+
     def promote(self, wave_id: str) -> str | None:
-        """Promote the screened wave's top k candidates that beat the incumbent on the screen
-        (`Judge.screened`, the rule `nightlab promote --wave` uses too)."""
-        lab, plan = self.lab, self.plan
-        runs = [e for e, _ in wave_points(lab, lab.ledger.wave(wave_id))]
-        screened = self.judge_.screened(runs, plan.top_k)
-        if not screened.chosen:
-            self.set_state(wave_id, promotion=None, screened="no candidate beat the incumbent on the screen")
-            return None
-        chosen = screened.chosen
-        wave = promote(
-            lab,
-            chosen,
-            tier=plan.tier,
-            repeats=plan.repeats,
-            description=f"promote top {len(chosen)} of {wave_id} to {plan.tier}",
-            screen={i: screened.means[i] for i in chosen},
+        """Wait for the screened wave's promotions, rung by rung (asynchronous successive halving:
+        the controller promotes a candidate as soon as it ranks in its rung's top 1/eta,
+        `nightlab.rungs.review`), and for their runs. Returns the first promotion wave, or None."""
+        lab = self.lab
+        wave = lab.ledger.wave(wave_id)
+        if rungs.SPEC_KEY not in (wave.spec or {}):
+            # submitted before successive halving (a search resumed across an upgrade): enrol it now
+            lab.ledger.update_wave_spec(wave_id, {**(wave.spec or {}), **self.screening()})
+            rungs.review(lab, self.plan.screen_tier or self.plan.tier, start_controller=True)
+        todo, seen = [(wave_id, self.plan.screen_tier or self.plan.tier)], set()
+        while todo:
+            wid, tier = todo.pop(0)
+            self._await_decisions(wid, tier)
+            for promo in self._promotions(wid):
+                if promo in seen:
+                    continue
+                seen.add(promo)
+                self.wait_ids(
+                    [e.id for e in lab.ledger.experiments(wave=promo, with_metrics=False)],
+                    f"promotion {promo}",
+                )
+                w = lab.ledger.wave(promo)
+                if rungs.SPEC_KEY in (w.spec or {}):
+                    todo.append((promo, w.tier or self.plan.tier))
+        promotions = rungs.promotions_of(lab, wave_id)
+        if promotions:
+            self.set_state(wave_id, promotion=promotions[0])
+            return promotions[0]
+        self.set_state(
+            wave_id,
+            promotion=None,
+            screened=f"no candidate ranked in the top 1/{lab.config.search.eta} of rung "
+            f"{self.plan.screen_tier} ahead of the incumbent",
         )
-        self.set_state(wave_id, promotion=wave.wave.id)
-        return wave.wave.id
+        return None
+
+    def _promotions(self, wave_id: str) -> list[str]:
+        return [
+            d["promoted"]
+            for d in rungs.decisions_for(self.lab.ledger.wave(wave_id)).values()
+            if d.get("promoted")
+        ]
+
+    def _await_decisions(self, wave_id: str, tier: str, patience: float = 30.0) -> None:
+        """Until every candidate of the wave on `tier` has its decision and none is mid-promotion.
+        The controller makes them as runs end; after `patience` seconds without them (a controller
+        that stopped) this process reviews the rung itself."""
+        lab = self.lab
+        deadline = time.time() + patience
+        while True:
+            wave = lab.ledger.wave(wave_id)
+            head = lab.head_tree()
+            reps, trees = [], set()
+            for e in lab.ledger.experiments(wave=wave_id, tier=tier, with_metrics=False):
+                if e.ok and e.tree != head and e.tree not in trees:
+                    trees.add(e.tree)
+                    reps.append(e.id)
+            decided = rungs.decisions_for(wave)
+            if all(r in decided for r in reps) and not any(d.get("claimed") for d in decided.values()):
+                return
+            if time.time() > deadline:
+                rungs.review(lab, tier, start_controller=True)
+                return
+            time.sleep(min(self.poll, 0.5))
 
     def judge(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
         """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
         lab, plan = self.lab, self.plan
         inc = lab.incumbent()
-        source_wave = self.state(wave_id).promotion if plan.screen_tier else wave_id
         by_obs = {o.id for o in observations}
         trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
             if e.id in by_obs and e.tree != inc.tree:
                 trees.setdefault(e.tree, e.id)
-        candidates: dict[str, str] = {}  # the observation -> the snapshot judged on the validation tier
-        if source_wave:
-            judged = {e.tree for e in lab.ledger.experiments(wave=source_wave, with_metrics=False)}
-            candidates = {rep: tree for tree, rep in trees.items() if tree in judged}
+        # the observation -> the snapshot judged on the validation tier: a screened wave's candidates
+        # that climbed the rungs to it (`promote`), else the wave's own
+        sources = rungs.promotions_of(lab, wave_id) if plan.screen_tier else [wave_id]
+        judged = {
+            e.tree
+            for w in sources
+            for e in lab.ledger.experiments(wave=w, with_metrics=False)
+            if e.tier == plan.tier
+        }
+        candidates = {rep: tree for tree, rep in trees.items() if tree in judged}
         return self.judge_.best_of_wave(candidates, plan.tier, inc)
 
     def settle(self, wave_id: str, rep: str, decision: Any) -> bool:

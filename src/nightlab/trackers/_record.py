@@ -105,6 +105,7 @@ class LabView:
     def record(self, e: Experiment) -> RunRecord:
         """The record of a finished experiment."""
         from nightlab.judge import trust
+        from nightlab.rungs import budget_of
 
         profile = self.config.profile or {}
         health = e.health or {}
@@ -116,7 +117,8 @@ class LabView:
             "snapshot": e.snapshot,
             "parent": e.parent,
             "tier": e.tier,
-            "budget_seconds": profile.get("budget_seconds"),
+            # the run's rung: the harness's figure, else its tier's budget (`nightlab.rungs`)
+            "budget_seconds": e.metrics.get("budget_seconds") or budget_of(self.config, e.tier),
             "timeout_seconds": self.config.target.timeout,
             "seed": e.seed,
             "profile": profile.get("name"),

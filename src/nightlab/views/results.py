@@ -20,6 +20,9 @@ def results_payload(lab: Any, ranked: list, incumbents: dict, rows: list) -> dic
     epoch = epoch_info(lab.path, lab.ledger, lab.config)
     # "since the baseline" is within the epoch: an earlier epoch's baseline was measured differently
     same_epoch = [r.key for r in ranked if r.key.epoch == epoch["key"]]
+    from nightlab.rungs import screening_waves
+
+    waves = screening_waves(lab)  # each row's promotion decision, read once
     return {
         "metric": metric,
         "direction": lab.config.metric.direction,
@@ -36,7 +39,7 @@ def results_payload(lab: Any, ranked: list, incumbents: dict, rows: list) -> dic
         },
         "self_reported": not lab.config.target.builtin,
         "total": len(ranked),
-        "experiments": [result_row(lab, r) for r in rows],
+        "experiments": [result_row(lab, r, waves) for r in rows],
     }
 
 
@@ -50,7 +53,7 @@ def every_result_payload(lab: Any, *, tier: str | None = None) -> dict[str, Any]
         return results_payload(lab, ranked, incumbents, rows)
 
 
-def result_row(lab: Any, row: Any) -> dict[str, Any]:
+def result_row(lab: Any, row: Any, waves: dict[str, Any] | None = None) -> dict[str, Any]:
     """One decoded `analysis.ResultRow` as the document lists it (with who vouches for its figures)."""
     from nightlab.judge import trust, verdict_context, verdict_label
 
@@ -64,4 +67,7 @@ def result_row(lab: Any, row: Any) -> dict[str, Any]:
     }
     d["verdict_context"] = verdict_context(row.experiment.verdict, **seen)
     d["verdict_label"] = verdict_label(row.experiment.verdict, **seen)
+    from nightlab.rungs import rung_info
+
+    d["rung"] = rung_info(lab, row.experiment, waves)  # its budget, and why it was (not) promoted
     return d

@@ -44,4 +44,8 @@ def show_payload(
     data["log_missing"] = e.status.is_finished() and bool(log_path) and not Path(log_path).is_file()
     # its run in each experiment tracker it was sent to (`url` None where the run has no web page yet)
     data["trackers"] = [r.to_dict() for r in lab.ledger.tracker_runs(e.id)]
+    from nightlab.rungs import rung_info
+
+    # its budget, the rung it reached and why it was or was not promoted (`nightlab.rungs`)
+    data["rung"] = rung_info(lab, e)
     return data

@@ -13,18 +13,16 @@ EXPECTED_FROM_RUNS = 10  # recent ok runs of a tier whose median wall time predi
 
 def expected_seconds(lab: Any, tier: str) -> float | None:
     """How long a run of `tier` is expected to take, start to end: the median wall time of the
-    tier's last ok runs, else the profile's training budget (start-up and eval come on top), else
-    None (a foreign target before its first run)."""
+    tier's last ok runs, else its training budget (a screening rung's own, else the profile's;
+    start-up and eval come on top), else None (a foreign target before its first run)."""
     from statistics import median
+
+    from nightlab.rungs import budget_of
 
     ok = lab.ledger.recent_wall_seconds(tier, EXPECTED_FROM_RUNS)
     if ok:
         return median(ok)
-    if lab.config.profile:
-        from nightlab.harness.profiles import Profile
-
-        return Profile.from_dict(lab.config.profile).budget_seconds
-    return None
+    return budget_of(lab.config, tier)
 
 
 def controller_state(lab: Any) -> dict[str, Any]:
@@ -91,4 +89,18 @@ def fleet_state(lab: Any) -> dict[str, Any]:
         ],
         # each configured experiment tracker: runs sent, runs queued, its outage (docs/trackers.md)
         "trackers": tracker_status(lab.config, lab.ledger),
+        # each tier's training budget and the rung it promotes to (`nightlab.rungs`), when any screens
+        "rungs": rung_rows(lab.config),
     }
+
+
+def rung_rows(config: Any) -> list[dict[str, Any]]:
+    """Each tier's budget and next rung, when the lab has screening rungs (else empty)."""
+    from nightlab.rungs import budget_of, has_rungs, next_rung
+
+    if not has_rungs(config):
+        return []
+    return [
+        {"tier": t, "budget_seconds": budget_of(config, t), "promote_to": next_rung(config, t)}
+        for t in config.fleet.tiers
+    ]

@@ -25,6 +25,7 @@ from typing import Any
 
 from nightlab.errors import NightlabError
 from nightlab.ledger import Experiment, ExperimentStatus
+from nightlab.rungs import tier_label
 from nightlab.web._live import log_progress
 from nightlab.web._readonly import ReadOnlyLab
 
@@ -188,7 +189,12 @@ def _overview_results(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
         key=lambda r: r.key.finished_at or 0,
         reverse=True,
     )[:RECENT_CRASHES]
-    rows = {row.experiment.id: result_row(lab, row) for row in result_rows(lab.ledger, leaders + crashes)}
+    from nightlab.rungs import screening_waves
+
+    waves = screening_waves(lab)
+    rows = {
+        row.experiment.id: result_row(lab, row, waves) for row in result_rows(lab.ledger, leaders + crashes)
+    }
     return finite(
         {
             "metric": payload["metric"],
@@ -293,10 +299,12 @@ def _gpu(info: dict[str, Any], cluster: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _budget_seconds(lab: ReadOnlyLab) -> tuple[float, str]:
-    profile = lab.config.profile or {}
-    budget = profile.get("budget_seconds")
-    if isinstance(budget, (int, float)) and budget > 0:
+def _budget_seconds(lab: ReadOnlyLab, tier: str | None = None) -> tuple[float, str]:
+    """A run's training budget (its tier's: a screening rung has its own), else the hard timeout."""
+    from nightlab.rungs import budget_of, full_budget
+
+    budget = budget_of(lab.config, tier) if tier is not None else full_budget(lab.config)
+    if budget is not None and budget > 0:
         return float(budget), "budget"
     return float(lab.config.target.timeout), "timeout"
 
@@ -317,11 +325,13 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
             if live.percent is not None:
                 progress, source = live.percent / 100, "log"
             elif run["elapsed"] is not None:
-                progress, source = min(run["elapsed"] / budget, 1.0), budget_kind
+                tier_budget, budget_kind = _budget_seconds(lab, w["tier"])
+                progress, source = min(run["elapsed"] / tier_budget, 1.0), budget_kind
         rows.append(
             {
                 "name": w["name"],
                 "tier": w["tier"],
+                "rung": tier_label(lab.config, w["tier"]),
                 "backend": w["backend"],
                 "gpu": _gpu(w["info"], clusters.get(w["name"]) or clusters.get(w["info"].get("cluster", ""))),
                 "state": w["state"],

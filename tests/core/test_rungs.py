@@ -1,0 +1,155 @@
+"""Rungs (issue 34): a tier's own budget, checked in nightlab.toml and by the harness's supervisor."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from nightlab.config import parse_config
+from nightlab.errors import ConfigError, UsageError
+
+PROFILE = {
+    "name": "cpu",
+    "dataset": "demo",
+    "vocab_size": 1024,
+    "seq_len": 256,
+    "budget_seconds": 30.0,
+    "eval_tokens": 32768,
+}
+
+
+def doc(*pools, profile=PROFILE, search=None):
+    d = {
+        "target": {"command": "python train.py", "editable": ["train.py"], "builtin": profile is not None},
+        "fleet": {"pool": list(pools)},
+    }
+    if profile is not None:
+        d["profile"] = dict(profile)
+    if search:
+        d["search"] = search
+    return d
+
+
+FULL = {"backend": "local", "tier": "cpu", "slots": 1}
+SHORT = {"backend": "local", "tier": "cpu-10s", "slots": 1, "budget_seconds": 10, "promote_to": "cpu"}
+
+
+def test_a_tier_has_its_own_budget_and_the_next_rung():
+    from nightlab import rungs
+
+    cfg = parse_config(doc(FULL, SHORT))
+    assert rungs.budget_of(cfg, "cpu-10s") == 10.0 and rungs.budget_of(cfg, "cpu") == 30.0
+    assert rungs.next_rung(cfg, "cpu-10s") == "cpu" and rungs.next_rung(cfg, "cpu") is None
+    assert rungs.screen_tier_for(cfg, "cpu") == "cpu-10s"
+    assert rungs.tier_label(cfg, "cpu-10s") == "cpu-10s (10 s rung)"
+    assert rungs.tier_budget_env(cfg, "cpu-10s") == "10.0"
+    from nightlab.fleet.runner import max_training_seconds
+
+    assert max_training_seconds(cfg, "cpu-10s") == 15.0 and max_training_seconds(cfg, "cpu") == 35.0
+    assert parse_config(doc(FULL, SHORT, search={"eta": 4})).search.eta == 4
+    # a lab without rungs shows its tiers as before
+    plain = parse_config(doc(FULL))
+    assert rungs.tier_label(plain, "cpu") == "cpu" and not rungs.has_rungs(plain)
+    with pytest.raises(UsageError, match=r'promote_to = "cpu"'):
+        rungs.screen_tier_for(plain, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("pools", "profile", "search", "says"),
+    [
+        (
+            [FULL, {**SHORT, "budget_seconds": 0}],
+            PROFILE,
+            None,
+            "`fleet.pool[1].budget_seconds` must be a positive",
+        ),
+        (
+            [FULL, {**SHORT, "budget_seconds": "10"}],
+            PROFILE,
+            None,
+            "`fleet.pool[1].budget_seconds` must be an integer or a number",
+        ),
+        ([FULL, {**SHORT, "budget_seconds": 60}], PROFILE, None, "more than the profile's 30 s"),
+        ([FULL, {**SHORT, "promote_to": "h100"}], PROFILE, None, "not another tier; tiers: cpu, cpu-10s"),
+        (
+            [{**FULL, "promote_to": "cpu-10s"}, SHORT],
+            PROFILE,
+            None,
+            "the next rung must have a longer budget",
+        ),
+        ([FULL, SHORT, {**SHORT, "budget_seconds": 5}], PROFILE, None, "disagree on `budget_seconds`"),
+        ([FULL, SHORT], None, None, "only the built-in target's clock obeys"),
+        ([FULL, SHORT], PROFILE, {"eta": 1}, "`search.eta` must be at least 2"),
+    ],
+)
+def test_bad_rungs_are_one_line_errors_with_the_fix(pools, profile, search, says):
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc(*pools, profile=profile, search=search))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_skypilot_pool_keeps_rung_keys_out_of_its_task_options():
+    sky = {"backend": "skypilot", "tier": "h100-60s", "accelerators": "H100:1", "budget_seconds": 10}
+    cfg = parse_config(doc(FULL, sky))
+    pool = next(p for p in cfg.fleet.pools if p.tier == "h100-60s")
+    assert pool.budget_seconds == 10.0 and "budget_seconds" not in pool.options
+
+
+def test_the_supervisor_takes_the_tier_budget_and_refuses_a_bad_one(monkeypatch):
+    from nightlab.harness.attempt import tier_budget
+
+    monkeypatch.delenv("NIGHTLAB_TIER_BUDGET", raising=False)
+    assert tier_budget(30.0) == 30.0
+    monkeypatch.setenv("NIGHTLAB_TIER_BUDGET", "10.0")
+    assert tier_budget(30.0) == 10.0
+    for bad in ("60", "0", "soon", "nan"):
+        monkeypatch.setenv("NIGHTLAB_TIER_BUDGET", bad)
+        with pytest.raises(UsageError, match=re.escape("fix the tier's `budget_seconds`")):
+            tier_budget(30.0)
+
+
+def test_the_controller_hands_each_run_its_tier_budget(tmp_path):
+    """The budget travels as NIGHTLAB_TIER_BUDGET in the run's environment, local and remote alike."""
+    from nightlab import rungs
+    from nightlab.fleet.local import MEASUREMENT_OVERRIDES
+
+    cfg = parse_config(doc(FULL, SHORT))
+    assert {t: rungs.tier_budget_env(cfg, t) for t in cfg.fleet.tiers} == {"cpu": "30.0", "cpu-10s": "10.0"}
+    # whoever starts the controller with one in their environment never sets a run's budget
+    assert rungs.BUDGET_ENV in MEASUREMENT_OVERRIDES
+
+
+def test_rank_transfer_reports_rho_its_interval_and_when_screening_misleads():
+    from nightlab.rungs import rank_transfer
+
+    few = rank_transfer([(1.0, 1.1), (1.2, 1.3), (1.1, 1.2)])
+    assert few["rho"] == pytest.approx(1.0) and few["interval"] is None and "unmeasured" in few["warning"]
+    good = rank_transfer([(x, x + 0.1) for x in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)])
+    assert good["rho"] == pytest.approx(1.0) and good["interval"][0] > 0.5 and good["warning"] is None
+    # short runs that rank the snapshots backwards: the screen misleads
+    backwards = rank_transfer([(x, 3.0 - x) for x in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)])
+    assert (
+        backwards["rho"] == pytest.approx(-1.0)
+        and backwards["interval"][1] < 0
+        and "rho -1.00" in backwards["warning"]
+    )
+    # a weak positive rho whose interval includes 0 is a warning too
+    weak = rank_transfer([(1, 2), (2, 1), (3, 4), (4, 3), (5, 6), (6, 5)])
+    assert 0 < weak["rho"] < 1 and weak["interval"][0] <= 0 and weak["warning"]
+
+
+def test_the_controllers_run_spec_carries_the_tier_budget(make_lab):
+    """`Controller._spec`: a built-in run on a rung gets its tier's budget in its environment."""
+    from nightlab.fleet.controller import Controller
+    from nightlab.lab import Lab
+    from nightlab.rungs import BUDGET_ENV
+
+    cfg = parse_config(doc({**SHORT, "tier": "cpu", "promote_to": "full"}, {**FULL, "tier": "full"}))
+    with Lab.open(make_lab(slots=1)) as lab:
+        [e] = lab.submit("x", start_controller=False)
+        attempt = lab.ledger.lease_next("cpu-0", "cpu")
+        ctrl = Controller(lab.path, cfg, lab.ledger, slots=[], backends={}, policy=lab.judge())
+        spec = ctrl._spec(attempt)
+        assert attempt.experiment_id == e.id and spec.env[BUDGET_ENV] == "10.0"
+        assert "nightlab.harness.attempt" in spec.command  # the supervisor reads it, not train.py

@@ -1,0 +1,34 @@
+"""A screening rung's budget reaches the clock through the supervisor (issue 34), and only there.
+
+The red-team lab's profile trains 2 s; a 1 s rung is `NIGHTLAB_TIER_BUDGET=1.0`, which the fleet
+sets for a tier with `budget_seconds` (`nightlab.rungs.tier_budget_env`). One short run each."""
+
+from __future__ import annotations
+
+from redteam import edit, template
+
+BATCHES = "batches = training_batches(profile, DEVICE_BATCH_SIZE, accel.device, seed=seed)"
+
+
+def test_a_run_on_a_rung_trains_for_the_rungs_budget_and_records_it(attack):
+    run = attack(template(), env={"NIGHTLAB_TIER_BUDGET": "1.0"})
+    assert run.outcome == "ok", run.log[-2000:]
+    assert run.metrics["budget_seconds"] == 1.0  # the harness's figure, not train.py's
+    assert "budget 1s" in run.log  # what train.py's clock was given
+
+
+def test_the_full_budget_on_a_rung_is_invalid(attack):
+    """Protection: the supervisor compares the clock's budget with the tier's, not the profile's."""
+    longer = "os.environ['NIGHTLAB_BUDGET'] = '2'\n" + BATCHES
+    run = attack(
+        edit(template(), BATCHES, longer), env={"NIGHTLAB_TIER_BUDGET": "1.0", "NIGHTLAB_MAX_STEPS": ""}
+    )
+    assert run.outcome == "invalid", run.log[-2000:]
+    assert "budget of 2 s; its tier's budget is 1 s" in run.detail
+
+
+def test_a_tier_budget_longer_than_the_profiles_is_refused_in_one_line(attack):
+    run = attack(template(), env={"NIGHTLAB_TIER_BUDGET": "3"})
+    assert run.outcome != "ok" and run.metrics.get("val_bpb") is None
+    [line] = [x for x in run.log.splitlines() if "NIGHTLAB_TIER_BUDGET" in x]
+    assert line.startswith("nightlab harness: error: ") and "(0, 2]" in line and "budget_seconds" in line
