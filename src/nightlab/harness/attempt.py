@@ -31,6 +31,7 @@ experiment could have edited.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -143,31 +144,39 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _copy_regular(src: Path, dst: Path) -> None:
-    """Copy a file the run wrote, refusing links and anything but a regular file (a FIFO would hang us)."""
+def _copy_regular(src: Path, dst: Path) -> str:
+    """Copy a file the run wrote, refusing links and anything but a regular file (a FIFO would hang
+    us); returns the SHA-256 of what was copied."""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    digest = hashlib.sha256()
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"`{src.name}` is not a regular file")
         with open(fd, "rb", closefd=False) as f, open(dst, "wb") as out:
-            shutil.copyfileobj(f, out, 1 << 20)
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
     finally:
         os.close(fd)
+    return digest.hexdigest()
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _digest(path: Path) -> str | None:
+    """SHA-256 of a regular file (links not followed), None when there is none."""
     try:
-        if a.is_symlink() or not a.is_file() or a.stat().st_size != b.stat().st_size:
-            return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(1 << 20), fb.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False
+        return None
+    digest = hashlib.sha256()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
 
 
 def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, str] | None) -> int:
@@ -212,11 +221,12 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     # The batch server: train.py gets one end of a socket pair; the lab's profile (never the run's
     # environment) sets the budget. NIGHTLAB_MAX_STEPS makes runs step-based in tests; the fleet strips it.
     copy_problem: list[str] = []
+    taken: dict[str, str] = {}  # file -> SHA-256 at the hand-in, kept in this process's memory
 
     def take_hand_in() -> None:  # the moment train.py says it handed in: copy it out of its reach
         for name in (MODEL_FILE, HANDOFF_META):
             try:
-                _copy_regular(handoff / name, received / name)
+                taken[name] = _copy_regular(handoff / name, received / name)
             except OSError as e:
                 copy_problem.append(f"`{name}` could not be taken at hand-in ({e.strerror or e})")
 
@@ -298,7 +308,8 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     if copy_problem:
         return invalid(copy_problem[0])
     for name in (MODEL_FILE, HANDOFF_META):
-        if not _same_file(handoff / name, received / name):
+        # the run's folder (a later write) and the copy (unsandboxed, the run can reach it too)
+        if not _digest(handoff / name) == _digest(received / name) == taken[name]:
             return invalid(f"the hand-in was rewritten after it was handed in (`{name}` changed)")
     problem = integrity.verify(expected)
     if problem:
