@@ -76,7 +76,7 @@ def wall_allowance(budget: float) -> float:
 
     45 s + the warm-up cap + `serve.grace_seconds(budget)`: cpu (30 s budget) 63 s, h100 (300 s)
     120 s (it was 60 s + budget / 2: 75 s and 210 s). Start-up before the first batch (imports, data
-    checks, model build) took 3-8 s on the loaded 2-core box; on a GPU box (CUDA init) it is not
+    checks, model build) took ~10 s on the loaded 2-core box (red-team runs); on a GPU box (CUDA init) it is not
     measured yet (bench/gpu_check.sh's protected step records it). Compilation happens in the
     warm-up, after the first batch. The wall check is a backstop now: the
     server's clock and the hand-in deadline already bound what a run can train. Past it a run is
