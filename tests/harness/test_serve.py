@@ -129,6 +129,7 @@ def test_a_warm_up_without_steps_ends_at_the_cap_and_never_trains(served):
     with pytest.raises(StopIteration):  # 27.5 s timed already: the budget is spent
         next(clock)
     assert clock.figures().warmup_seconds == 2.5
+    assert clock.figures().warmup_steps == 0  # the step across the cap is a timed one
 
 
 def test_a_second_clock_is_the_same_stream_under_the_same_budget(served):

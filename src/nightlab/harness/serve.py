@@ -136,9 +136,11 @@ class ServingClock:
         elif self.timed_from is None and (
             self.steps >= self.warmup_steps or now - self.first >= self.warmup_cap
         ):
-            # never more than the cap untimed: time past it counts as training
+            # never more than the cap untimed: time past it counts as training, and a step that ran
+            # across the cap (reported with this request) is a timed step
+            capped = now - self.first >= self.warmup_cap
             self.timed_from = min(now, self.first + self.warmup_cap)
-            self.steps_at_warmup = self.steps
+            self.steps_at_warmup = self.steps - (1 if capped and steps > 0 else 0)
         self.last_request = now
         if self.timed_from is None:
             self.warmup_batches += 1
