@@ -104,9 +104,7 @@ def test_export_chooses_runs_by_wave_and_since_and_refuses_bad_input(make_lab):
     nightlab("fleet", "stop", cwd=lab)  # exports only: no live worker in this test
 
     wave = json.loads(nightlab("export", "mlflow", "--wave", "w001", "--json", cwd=lab).stdout)
-    assert (wave["experiments"], wave["sent"]) == (2, 2), (
-        wave
-    )  # failed once on 2026-12-03: say what came back
+    assert (wave["experiments"], wave["sent"]) == (2, 2), wave  # failed once on 2026-12-03: say what came back
     since = json.loads(nightlab("export", "mlflow", "--since", "e0003", "--json", cwd=lab).stdout)
     assert (since["experiments"], since["sent"], since["unchanged"]) == (2, 1, 1)  # e0003 was sent with w001
     names = sorted(r.info.run_name for r in mlflow_runs(f"sqlite:///{lab}/m.db", "nightlab").values())
