@@ -20,7 +20,9 @@ Steps (each "ok", "skipped: <why>", "failed: <one line>", "timeout after Ns" or 
   tests  the GPU tests (`pytest -m gpu`, GPU_TESTS, default tests/harness)
   protected  (issue 13) the same train.py through the fleet's supervisor: bwrap sandbox, hand_in
          (torch.export), the scorer with the hidden probe; export, scoring and start-up seconds,
-         goal start-up + scoring <= 20 s; skipped in the rehearsal (the red-team suite covers it)
+         goal start-up + scoring <= 20 s; (issue 30) the supervisor's steps, timed seconds and
+         hand-in delay (batches served over its socket); skipped in the rehearsal (the red-team
+         suite covers it)
   tune   with --tune only: `nightlab tune` on that lab (compile x attention x batch)
 The headline figures come before the tests, so a short deadline cuts the tests first. FA3 is not
 carried (no wheel for torch 2.11 + CUDA 13 on PyPI, and hub kernels need a network): expect SDPA.
@@ -584,8 +586,12 @@ def protected_run(check: Check, args: argparse.Namespace, *, goals: bool) -> dic
     if rc is not None and (rc != 0 or score.get("status") != "ok"):
         why = score.get("invalid_reason") or _last_line(output)
         check.steps["protected"]["status"] = f"failed: exit {rc}: {why}"
+    # issue 30: the supervisor serves the batches; its steps per timed second against the train
+    # step's (served on a thread of train.py) are the serving cost on the GPU
     keys = ("val_bpb", "sandbox", "unsandboxed", "export_seconds", "eval_seconds", "probe_rows",
-            "train_wall_seconds", "wall_limit_seconds")  # fmt: skip
+            "train_wall_seconds", "wall_limit_seconds", "training_seconds", "warmup_seconds", "steps",
+            "warmup_steps", "batches_served", "warmup_batches", "handin_delay_seconds",
+            "handin_grace_seconds")  # fmt: skip
     figures = {k: score[k] for k in keys if k in score}
     startup = _num(parse_block(output).get("startup_seconds"))
     scoring = round(wall - score.get("train_wall_seconds", wall), 1)

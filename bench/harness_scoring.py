@@ -11,7 +11,12 @@ Runs the template on the real `cpu` profile (30 s budget, demo data) both ways, 
 Prints wall time per run and the protected run's parts (export, sandbox start, scoring), and the
 goal: at most 10 % more wall time per run. Figures go to bench/RESULTS.md by hand.
 
-Usage: .venv/bin/python bench/harness_scoring.py [--pairs 2] [--budget 30] [--threads 1]
+`--baseline-src DIR` compares two trees instead (issue 30): both ways run protected, the first with
+`PYTHONPATH=DIR` (e.g. the main checkout's `src`, clock in train.py), the second with this tree
+(batches served by the supervisor); it prints wall time, optimizer steps in the budget and the
+hand-in delay of each, and the goal: at most 5 % more wall time per run.
+
+Usage: .venv/bin/python bench/harness_scoring.py [--pairs 2] [--budget 30] [--threads 1] [--baseline-src DIR]
 """
 
 from __future__ import annotations
@@ -78,7 +83,12 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="OMP_NUM_THREADS for both ways (a fleet slot sets it too)"
     )
+    parser.add_argument(
+        "--baseline-src", type=Path, help="compare protected runs of this src tree (first) and ours"
+    )
     args = parser.parse_args()
+    if args.baseline_src:
+        return compare_trees(args)
 
     profile = replace(get_profile("cpu"), budget_seconds=args.budget)
     root = Path(tempfile.mkdtemp(prefix="harness-bench-"))
@@ -132,6 +142,61 @@ def main() -> None:
               f"(goal <= +10 %: {'PASS' if extra <= 10 else 'MISS'})")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)  # two labs and their data per pair: ~10 MB
+
+
+def protected_run(folder: Path, profile, source: str, env: dict[str, str]) -> tuple[float, dict]:
+    """One supervised run of `source` in a fresh lab under `folder`: (wall seconds, score.json)."""
+    b = lab_with(folder, profile, source)
+    run_dir = b / ".nightlab" / "runs" / "e0001" / "attempt-1"
+    work = run_dir / "work"
+    work.mkdir(parents=True)
+    for name in ("train.py", "nightlab.toml"):
+        (work / name).write_text((b / name).read_text())
+    cmd = [sys.executable, *ISOLATED, "-m", "nightlab.harness.attempt", "--run-dir", str(run_dir), "--lab", str(b),
+           "--", f"{sys.executable} train.py"]  # fmt: skip
+    wall = timed(cmd, work, env, run_dir / "log.txt")
+    return wall, json.loads((run_dir / "score.json").read_text())
+
+
+def compare_trees(args: argparse.Namespace) -> None:
+    """Protected runs of the baseline tree and of this one, alternating (see the module docstring)."""
+    import nightlab
+
+    ours = Path(nightlab.__file__).resolve().parents[1]
+    profile = replace(get_profile("cpu"), budget_seconds=args.budget)
+    root = Path(tempfile.mkdtemp(prefix="harness-bench-"))
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
+        env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
+        prepare(profile, progress=False)
+        template = set_knobs(
+            resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
+        )
+        sides = {"baseline": str(args.baseline_src.resolve()), "served": str(ours)}
+        print(f"baseline {sides['baseline']} | served {sides['served']} | sandbox {available() or 'bwrap'}")
+        walls: dict[str, list[float]] = {k: [] for k in sides}
+        for i in range(args.pairs):
+            for side, src in sides.items():
+                wall, score = protected_run(
+                    root / f"{side}{i}", profile, template, {**env, "PYTHONPATH": src}
+                )
+                walls[side].append(wall)
+                print(
+                    f"pair {i} {side:8}: wall {wall:.1f} s | train process {score['train_wall_seconds']:.1f} s | "
+                    f"steps {score.get('steps')} (warm-up {score.get('warmup_steps')}) | training "
+                    f"{score.get('training_seconds')} s | hand-in delay {score.get('handin_delay_seconds', 'n/a')} s | "
+                    f"val_bpb {score.get('val_bpb')} | load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        base = sum(walls["baseline"]) / len(walls["baseline"])
+        served = sum(walls["served"]) / len(walls["served"])
+        extra = 100 * (served / base - 1)
+        print(f"mean wall: baseline {base:.1f} s, served {served:.1f} s: {extra:+.1f} % "
+              f"(goal <= +5 %: {'PASS' if extra <= 5 else 'MISS'})")  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ tree of the whole commit. The whole tree holds the lab's paperwork too, `nightla
             the editable files always count, whatever their name
     command the target's command line (it is what runs)
     epoch   `epoch_key`: the measurement setup, i.e. the profile (budget, data, eval tokens...),
-            the metric and its direction, the hard timeout, and the dataset's source version
-            when its split changed while labs used it (`profiles.SOURCE_VERSIONS`)
+            the metric and its direction, the hard timeout, the dataset's source version
+            when its split changed while labs used it (`profiles.SOURCE_VERSIONS`), and for a
+            built-in target the harness clock's version (`serve.CLOCK_VERSION`)
 
 Paperwork (never run): `nightlab.toml`, Markdown files (`program.md`, `program.nightlab.md`,
 READMEs), `.gitignore`, and the `notes/`, `.claude/` and `.agents/` folders.
@@ -38,6 +39,7 @@ from nightlab import snapshots
 from nightlab.config import CONFIG_NAME, LabConfig, parse_config, tomllib
 from nightlab.errors import ConfigError, NightlabError
 from nightlab.harness.profiles import source_version
+from nightlab.harness.serve import CLOCK_VERSION
 
 PAPERWORK_FILES = (CONFIG_NAME, ".gitignore")
 PAPERWORK_DIRS = ("notes/", ".claude/", ".agents/")
@@ -49,7 +51,9 @@ def measurement(config: LabConfig) -> dict[str, Any]:
     """What decides how a result is measured; a change of any of it starts a new epoch.
 
     A dataset whose source changed its split since (`profiles.SOURCE_VERSIONS`) adds its version,
-    so its labs start a new epoch and every other lab keeps its key.
+    so its labs start a new epoch and every other lab keeps its key. A built-in-target lab adds the
+    harness clock's version (`serve.CLOCK_VERSION`): version 2 (issue 30) serves one repeated batch in
+    the warm-up and times runs in the supervisor, so its results are not pooled with earlier ones.
     """
     out: dict[str, Any] = {
         "profile": config.profile,
@@ -60,6 +64,8 @@ def measurement(config: LabConfig) -> dict[str, Any]:
     version = source_version(str(config.profile.get("dataset", ""))) if config.profile else None
     if version is not None:
         out["source_version"] = version
+    if getattr(config.target, "builtin", False):  # the harness's clock measures its runs
+        out["clock"] = CLOCK_VERSION
     return out
 
 

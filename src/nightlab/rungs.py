@@ -50,8 +50,8 @@ __all__ = [
 ]
 
 # What the controller hands every built-in-target run: the budget of the tier it runs on. The
-# harness's supervisor (`harness/attempt.py`) reads it, checks it, and gives train.py's clock
-# `NIGHTLAB_BUDGET` (the clock's existing input) from it.
+# harness's supervisor (`harness/attempt.py`) reads it, checks it, and runs its batch server's
+# clock on it (`harness/serve.py`): train.py cannot change it.
 BUDGET_ENV = "NIGHTLAB_TIER_BUDGET"
 SPEC_KEY = "asha"  # a wave's spec key: its candidates take part in successive halving
 DECISIONS_KEY = "rungs"  # a wave's spec key: experiment id -> its latest Decision

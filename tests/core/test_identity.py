@@ -116,3 +116,22 @@ def test_a_changed_source_split_starts_an_epoch_for_its_labs_only():
     for profile in (get_profile("cpu", dataset="tinystories").to_dict(), None):
         # the keys measurement() had before: the epoch of every other lab is unchanged
         assert set(identity.measurement(config(profile))) == {"profile", "metric", "direction", "timeout"}
+
+
+def test_a_builtin_target_lab_is_measured_under_the_harness_clock_version():
+    """The supervisor's clock (issue 30: served batches, one-batch warm-up) starts an epoch for built-in labs only."""
+    from types import SimpleNamespace
+
+    from nightlab.harness.profiles import get_profile
+    from nightlab.harness.serve import CLOCK_VERSION
+
+    def config(builtin):
+        return SimpleNamespace(
+            profile=get_profile("cpu", dataset="tinystories").to_dict(),
+            metric=SimpleNamespace(name="val_bpb", direction="lower"),
+            target=SimpleNamespace(timeout=600.0, builtin=builtin),
+        )
+
+    assert CLOCK_VERSION >= 2 and identity.measurement(config(True))["clock"] == CLOCK_VERSION
+    assert "clock" not in identity.measurement(config(False))  # a foreign target keeps its epoch
+    assert identity.epoch_key(config(True)) != identity.epoch_key(config(False))

@@ -247,3 +247,18 @@ def test_an_orphan_in_a_session_of_its_own_counts_by_its_mark(tmp_path):
     # it was runnable (on a core or waiting) most of its 1.5 s, all seen through the mark
     assert health.cpu_seconds + health.waited_seconds > 0.8, health
     assert scan_runs({"other": (None, f"{tmp_path}/attempt-2")})["other"] == {}
+
+
+def test_a_late_hand_in_on_a_starved_machine_may_be_degraded_and_nothing_else_invalid():
+    """Issue 30: starvation slows export and save as much as training; other invalid runs stay invalid."""
+    from nightlab.fleet.controller import health_may_judge
+    from nightlab.ledger import Outcome
+
+    late = {"handin_delay_seconds": 12.0, "handin_grace_seconds": 10.5}
+    assert health_may_judge(Outcome.OK, {})
+    assert health_may_judge(Outcome.INVALID, late)
+    assert not health_may_judge(
+        Outcome.INVALID, {**late, "handin_delay_seconds": 3.0}
+    )  # invalid for another reason
+    assert not health_may_judge(Outcome.INVALID, {})
+    assert not health_may_judge(Outcome.CRASH_EXCEPTION, late)

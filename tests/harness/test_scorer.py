@@ -2,20 +2,24 @@
 
 The scorer's val_bpb must equal `evaluate.py`'s for the same model (one metric, two call paths);
 its hidden probe must pass causal models and catch leaky ones; `check_archive` must accept what
-torch.export writes and refuse what loading would turn into code. The clock's warm-up rule and
-budget stop are checked with a fake time source; `apply_score` against the module's table.
+torch.export writes and refuse what loading would turn into code; `apply_score` against the
+module's table. The clock's rules are tested in test_serve.py.
 Run: .venv/bin/python -m pytest -q tests/harness/test_scorer.py
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from nightlab.harness import clock as clock_mod
+from nightlab.harness import serve
 from nightlab.harness.cache import val_set_digest
 from nightlab.harness.clock import TrainingClock
 from nightlab.harness.data import prepare
@@ -64,7 +68,13 @@ def _data_root(lab, monkeypatch):
 
 
 def clock(batch_size: int = 4) -> TrainingClock:
-    return TrainingClock(iter(()), budget=2.0, device="cpu", batch_size=batch_size, seq_len=PROFILE.seq_len)
+    """A training clock on a server that never served a batch (all `hand_in` needs from it)."""
+    mine, theirs = socket.socketpair()
+    config = serve.ServerConfig(Path("."), PROFILE.seq_len, 2.0)
+    rows = SimpleNamespace(row_len=PROFILE.seq_len + 1, dtype=np.dtype("<u2"))
+    server = serve.BatchServer(mine, config, rows=lambda seed: rows)
+    threading.Thread(target=server.serve, daemon=True).start()
+    return TrainingClock(theirs, device="cpu", batch_size=batch_size)
 
 
 def handed(model, folder: Path) -> Path:
@@ -151,37 +161,6 @@ def test_the_hand_in_records_the_clock(tmp_path):
     meta = json.loads((folder / HANDOFF_META).read_text())
     assert meta["batch_size"] == 4 and meta["seq_len"] == PROFILE.seq_len and meta["seed"] == 0
     assert set(meta["clock"]) >= {"training_seconds", "warmup_seconds", "budget_seconds", "steps"}
-
-
-class FakeTime:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_the_clock_stops_at_the_budget_after_a_capped_warm_up(monkeypatch):
-    fake = FakeTime()
-    monkeypatch.setattr(clock_mod.time, "perf_counter", fake)
-    c = TrainingClock(iter(range(10**6)), budget=10.0, device="cpu", batch_size=1, seq_len=8)
-    served = 0
-    for _ in c:  # 1 s a step, no step() calls: the warm-up ends at the seconds cap (25 % of 10 s)
-        served += 1
-        fake.now += 1.0
-    figures = c.figures()
-    assert figures.warmup_seconds == 2.5 and figures.exhausted
-    assert 10.0 <= figures.training_seconds < 11.0
-    assert served == 13  # 2.5 s untimed + 10 s timed, one batch a second
-
-    fake2 = FakeTime()
-    monkeypatch.setattr(clock_mod.time, "perf_counter", fake2)
-    c = TrainingClock(iter(range(10**6)), budget=10.0, device="cpu", batch_size=1, seq_len=8)
-    next(c)
-    fake2.now += 30.0  # a first step (compile) far longer than the cap: it counts from the cap on
-    c.step()
-    assert c.figures().warmup_seconds == 2.5
-    assert c.figures().warmup_steps == 0  # the step across the cap is a timed one
 
 
 def test_apply_score_takes_the_owned_keys_from_the_harness_only():

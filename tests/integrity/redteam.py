@@ -155,7 +155,7 @@ def run_attempt(
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
     )
-    if not sandbox:
+    if not sandbox or not SANDBOXED:  # NIGHTLAB_NO_SANDBOX=1 on the suite runs every attack unsandboxed
         full_env["NIGHTLAB_NO_SANDBOX"] = "1"
     full_env.update(env or {})
     full_env = {k: v for k, v in full_env.items() if v != ""}  # "" removes a variable

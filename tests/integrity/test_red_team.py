@@ -21,6 +21,20 @@ EMBED = "x = x0 = norm(self.wte(idx))"
 LAST_LINE = "print(f\"{key + ':':<18}{value}\")\n"
 
 
+def in_save_hook(body: str) -> str:
+    """Replace HAND_IN with a hand-in whose `torch.export.save` then runs `body` on the archive `src`.
+
+    The rewrite lands before hand_in tells the supervisor, so the supervisor takes the rewritten
+    archive (a rewrite after the hand-in is refused as such: test_red_team_clock.py).
+    """
+    indented = "".join("    " + line + "\n" for line in body.splitlines())
+    return (
+        "_save = torch.export.save\n"
+        "    def _rewrite(program, src, **kw):\n"
+        "        _save(program, src, **kw)\n" + indented + "    torch.export.save = _rewrite\n    " + HAND_IN
+    )
+
+
 def not_better(run, honest) -> None:
     """The attack gained nothing: not ok, or ok with the honest number (or worse)."""
     if run.outcome == "ok":
@@ -89,30 +103,15 @@ def test_reading_the_validation_files_directly_gets_nothing(attack, honest):
     not_better(run, honest)
 
 
-def test_a_longer_budget_set_by_the_run_is_invalid(attack, honest):
-    """Protection: the supervisor compares the clock's budget with the lab's own nightlab.toml."""
-    longer = "os.environ['NIGHTLAB_BUDGET'] = '4'\n" + BATCHES
+def test_a_longer_budget_set_by_the_run_changes_nothing(attack, honest):
+    """Protection: the supervisor's server keeps the clock, with the lab's own nightlab.toml budget.
+
+    (Before issue 30 the clock ran in train.py and this edit was caught only by comparing figures.)
+    """
+    longer = "os.environ['NIGHTLAB_BUDGET'] = '4'\n" + BATCHES + "\nprint('clock budget', batches.budget)"
     run = attack(edit(template(), BATCHES, longer), env={"NIGHTLAB_MAX_STEPS": ""})
-    assert run.outcome == "invalid", run.log[-2000:]
-    assert "budget of 4 s" in run.detail and "2 s" in run.detail
-
-
-def test_training_past_the_budget_with_a_tampered_clock_is_invalid_with_the_figures(attack, honest):
-    """Protection: the supervisor's own wall-clock check (budget + allowance), out of the run's reach."""
-    tampered = BATCHES + (
-        "\nfrom nightlab.harness.clock import TrainingClock\n"
-        "TrainingClock._spent = lambda self, now: self._steps >= 40  # train on, whatever the budget\n"
-        "_figures = TrainingClock.figures\n"
-        "def _forged(self):\n"
-        "    f = _figures(self)\n"
-        "    return type(f)(**{**f.to_dict(), 'training_seconds': 1.9, 'exhausted': True})\n"
-        "TrainingClock.figures = _forged"
-    )
-    run = attack(
-        edit(template(), BATCHES, tampered), env={"NIGHTLAB_MAX_STEPS": "", "NIGHTLAB_WALL_ALLOWANCE": "1"}
-    )
-    assert run.outcome == "invalid", run.log[-2000:]
-    assert "the training process ran" in run.detail and "budget 2 s + allowance 1 s = 3 s" in run.detail
+    assert "clock budget 2.0" in run.log, run.log[-2000:]
+    assert run.outcome == "ok" and run.metrics["training_seconds"] < 2.0 + 1.0, run.metrics
 
 
 def test_monkeypatching_the_harness_in_process_changes_nothing(attack, honest):
@@ -253,12 +252,11 @@ def test_a_process_left_behind_cannot_rewrite_the_result(attack, honest):
 def test_a_pickled_payload_in_the_handed_in_model_never_runs(attack, honest, tmp_path):
     """Protection: check_archive refuses pickled entries before torch.export.load unpickles them."""
     marker = tmp_path / "payload-ran"
-    payload = HAND_IN + (
-        "\n    import io, json, pickle, zipfile\n"
+    payload = in_save_hook(
+        "    import io, json, pickle, zipfile\n"
         "    class Evil:\n"
         "        def __reduce__(self):\n"
         f"            return (open, ({str(marker)!r}, 'w'))\n"
-        "    src = os.path.join(os.environ['NIGHTLAB_HANDOFF_DIR'], 'model.pt2')\n"
         "    items = {n: zipfile.ZipFile(src).read(n) for n in zipfile.ZipFile(src).namelist()}\n"
         "    cfg_name = next(n for n in items if n.endswith('model_weights_config.json'))\n"
         "    cfg = json.loads(items[cfg_name])\n"
@@ -279,9 +277,8 @@ def test_a_pickled_payload_in_the_handed_in_model_never_runs(attack, honest, tmp
 
 def test_a_program_that_calls_python_functions_is_refused(attack, honest):
     """Protection: check_archive allows only ATen / prims operators as node targets."""
-    rewrite = HAND_IN + (
-        "\n    import zipfile\n"
-        "    src = os.path.join(os.environ['NIGHTLAB_HANDOFF_DIR'], 'model.pt2')\n"
+    rewrite = in_save_hook(
+        "    import zipfile\n"
         "    items = {n: zipfile.ZipFile(src).read(n) for n in zipfile.ZipFile(src).namelist()}\n"
         "    name = next(n for n in items if n.endswith('models/model.json'))\n"
         "    items[name] = items[name].replace(b'torch.ops.aten.tanh.default', b'torch.os.system', 1)\n"

@@ -110,12 +110,12 @@ def test_reading_the_raw_download_cache_gets_nothing(attack, honest, data_root, 
 
 @needs_sandbox
 def test_reading_the_hidden_data_root_and_the_demo_secret_gets_nothing(attack, honest, data_root, tmp_path):
-    """Protection: only the profile's training files are bound back into the data root; the secret is not."""
+    """Protection: only the profile's manifest and tokenizer are bound back into the data root; no token file, no secret."""
     env = _data_root_in_lab(tmp_path / "lab0", data_root)
     steal = BATCHES + (
         "\nimport pathlib\n"
         "from nightlab.harness.demo import demo_validation\n"
-        "mine = {'manifest.json', 'tokenizer.tiktoken', 'train.tokens.bin', 'train.offsets.bin'}\n"
+        "mine = {'manifest.json', 'tokenizer.tiktoken'}\n"
         "stolen = regenerated = 0\n"
         "for path in pathlib.Path(os.path.realpath(data.parent)).rglob('*'):\n"
         "    try:\n"

@@ -55,6 +55,20 @@ KILL_GRACE_SECONDS = 30.0  # after a kill, how long to wait for the run to repor
 LOW_DISK_BYTES = 1 << 20  # below 1 MiB free a log write can fail: such a crash is the disk's, not the code's
 
 
+def health_may_judge(outcome: Outcome, metrics: dict[str, Any]) -> bool:
+    """Whether a starved machine may turn this run's outcome into `degraded` (re-run once, never judged).
+
+    An `ok` run, and one `invalid` only because its hand-in came after the grace (harness/serve.py):
+    a machine that starves training starves export and save as much, so the late hand-in of an
+    honest run on it says nothing about the code. The re-run is judged on its own.
+    """
+    if outcome is Outcome.OK:
+        return True
+    delay, grace = metrics.get("handin_delay_seconds"), metrics.get("handin_grace_seconds")
+    numbers = isinstance(delay, (int, float)) and isinstance(grace, (int, float))
+    return outcome is Outcome.INVALID and numbers and delay > grace
+
+
 class _Kill(enum.Enum):
     """Why the controller killed a run (its end is then recorded as that, not as what the log says)."""
 
@@ -466,7 +480,7 @@ class Controller:
                     f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
                 )
         health = self.health.finish(active.attempt)
-        if outcome is Outcome.OK and health is not None and health.degraded:
+        if health is not None and health.degraded and health_may_judge(outcome, metrics):
             outcome, detail = Outcome.DEGRADED, health.reason
         state, exp = self._finish(
             active.attempt,

@@ -1,4 +1,4 @@
-"""The attempt supervisor: runs a built-in-target train.py, then scores what it handed in.
+"""The attempt supervisor: runs a built-in-target train.py, serves its data, then scores what it handed in.
 
 The fleet runs every built-in-target attempt as
 
@@ -10,25 +10,35 @@ in the snapshot's folder (`RUN/work`). The supervisor:
    own session, with `NIGHTLAB_HANDOFF_DIR=RUN/handoff`, and times it with its own clock; when the
    command exits, every process it started is ended (this process is their subreaper), and its
    first process dies with this one (`nightlab/procs.py`);
-2. when it exits 0, checks its wall time against the run's budget plus `wall_allowance(budget)`
-   (start-up, the capped warm-up, export), the clock's figures against the run's budget, the
-   harness's own files (`integrity.py`), and that a model was handed in;
-3. scores the handed-in program (`scorer.score`), in this process, which imports none of the
-   lab's Python, with the validation data the sandbox hid;
-4. writes `RUN/score.json` (outside every folder the run can write) and exits with the command's
-   exit code. The controller takes the harness-owned keys from that file only (`owned.py`).
+2. serves the training batches itself (`serve.BatchServer`, on a thread, over a socket pair whose
+   other end train.py inherits): it alone reads the training data, and its clock decides the
+   warm-up (one batch, repeated), the budget, and when serving stops. When train.py says it handed
+   its model in, the hand-in is copied to `RUN/handed-in/`, out of the run's reach, at once;
+3. when the command exits 0, checks its wall time against the run's budget plus `wall_allowance(budget)`
+   (start-up, the capped warm-up, the hand-in grace), that the model was handed in within
+   `serve.grace_seconds(budget)` of the last batch served and not rewritten afterwards, and the
+   harness's own files (`integrity.py`);
+4. scores the copied hand-in (`scorer.score`), in this process, which imports none of the lab's
+   Python, with the validation data the sandbox hid;
+5. writes `RUN/score.json` (outside every folder the run can write) and exits with the command's
+   exit code. The controller takes the harness-owned keys from that file only (`owned.py`); the
+   timing keys are the server's.
 
 The lab's profile comes from `LAB/nightlab.toml`, never from the snapshot's copy, which the
 experiment could have edited. The run's budget is the profile's, or its tier's own when the
-controller gives one (`NIGHTLAB_TIER_BUDGET`, a screening rung: `nightlab.rungs`); train.py's
-clock gets it as `NIGHTLAB_BUDGET` from this process.
+controller gives one (`NIGHTLAB_TIER_BUDGET`, a screening rung: `nightlab.rungs`); the batch
+server's clock runs on it, whatever the run's own environment says.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -53,6 +63,7 @@ ISOLATED = ("-P",)
 
 SCORE_FILE = "score.json"
 HANDOFF_FOLDER = "handoff"
+RECEIVED_FOLDER = "handed-in"  # the hand-in as it was when train.py handed it in
 HARNESS_DIGESTS_ENV = "NIGHTLAB_HARNESS_DIGESTS"  # path of the controller's digests file
 MIGRATE_HINT = (
     "this lab's train.py predates harness scoring: replace its evaluation section with "
@@ -92,16 +103,23 @@ def tier_budget(profile_budget: float) -> float:
 
 
 def wall_allowance(budget: float) -> float:
-    """Seconds a run may take beyond its budget: start-up, the capped warm-up, export.
+    """Seconds a run may take beyond its budget: start-up, the capped warm-up, the hand-in grace.
 
-    60 s + half the budget: the cpu profile (30 s) gets 75 s (an honest run on the loaded 2-core
-    dev box takes 15-35 s beyond the budget); h100 (300 s) gets 210 s (compile ~50 s, export
-    a few s). Past it a run is `invalid`: it trained, or worked, outside the harness's clock.
-    `NIGHTLAB_WALL_ALLOWANCE` (seconds) replaces it, for tests; the supervisor reads it from its own
-    environment, which the training process cannot change.
+    45 s + the warm-up cap + `serve.grace_seconds(budget)`: cpu (30 s budget) 63 s, h100 (300 s)
+    120 s (it was 60 s + budget / 2: 75 s and 210 s). Start-up before the first batch (imports, data
+    checks, model build) took ~10 s on the loaded 2-core box (red-team runs); on a GPU box (CUDA init) it is not
+    measured yet (bench/gpu_check.sh's protected step records it). Compilation happens in the
+    warm-up, after the first batch. The wall check is a backstop now: the
+    server's clock and the hand-in deadline already bound what a run can train. Past it a run is
+    `invalid`. `NIGHTLAB_WALL_ALLOWANCE` (seconds) replaces it, for tests; the supervisor reads it
+    from its own environment, which the training process cannot change.
     """
+    from nightlab.harness.serve import WARMUP_FRACTION_CAP, WARMUP_SECONDS_CAP, grace_seconds
+
     override = os.environ.get("NIGHTLAB_WALL_ALLOWANCE")
-    return float(override) if override else 60.0 + 0.5 * budget
+    if override:
+        return float(override)
+    return 45.0 + min(WARMUP_SECONDS_CAP, WARMUP_FRACTION_CAP * budget) + grace_seconds(budget)
 
 
 def wrap_command(command: str, *, run_dir: Path, lab_dir: Path, python: str | None = None) -> str:
@@ -158,11 +176,45 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _copy_regular(src: Path, dst: Path) -> str:
+    """Copy a file the run wrote, refusing links and anything but a regular file (a FIFO would hang
+    us); returns the SHA-256 of what was copied."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    digest = hashlib.sha256()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"`{src.name}` is not a regular file")
+        with open(fd, "rb", closefd=False) as f, open(dst, "wb") as out:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def _digest(path: Path) -> str | None:
+    """SHA-256 of a regular file (links not followed), None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    digest = hashlib.sha256()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
 def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, str] | None) -> int:
-    """Run, check and score one attempt (see the module docstring). Returns the command's exit code."""
+    """Run, serve, check and score one attempt (see the module docstring). Returns the command's exit code."""
     from nightlab import procs
-    from nightlab.harness import integrity, sandbox
-    from nightlab.harness.clock import WARMUP_FRACTION_CAP, WARMUP_SECONDS_CAP
+    from nightlab.harness import integrity, sandbox, serve
     from nightlab.harness.handoff import HANDOFF_ENV, HANDOFF_META, MODEL_FILE
     from nightlab.harness.profiles import data_dir, data_root, load_lab_profile
     from nightlab.harness.scorer import UnscorableModelError, score, write_json
@@ -172,14 +224,14 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     lab_dir = lab_dir.resolve()
     out = run_dir / SCORE_FILE
     out.unlink(missing_ok=True)
-    handoff = run_dir / HANDOFF_FOLDER
-    if handoff.exists():
-        import shutil
-
-        shutil.rmtree(handoff)
-    handoff.mkdir(parents=True)
+    handoff, received = run_dir / HANDOFF_FOLDER, run_dir / RECEIVED_FOLDER
+    for folder in (handoff, received):
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
     profile = load_lab_profile(lab_dir)
     budget = tier_budget(profile.budget_seconds)
+    grace = serve.grace_seconds(budget)
     # the digests the files must keep: the controller's, else this process's view before the run
     expected = digests if digests is not None else integrity.expected_digests()
     plan = sandbox.SandboxPlan(
@@ -191,13 +243,36 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         hidden=source_paths(profile.dataset),
     )
     argv, mode = sandbox.wrap(["/bin/sh", "-c", command], plan=plan)
-    env = {k: v for k, v in os.environ.items() if k != HARNESS_DIGESTS_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (HARNESS_DIGESTS_ENV, "NIGHTLAB_BUDGET")}
     env[HANDOFF_ENV] = str(handoff)
-    env["NIGHTLAB_BUDGET"] = repr(budget)  # the clock's input: the tier's budget (a screening rung's)
     result: dict[str, Any] = {"sandbox": mode, "budget_seconds": budget}
     if mode == "none":
         result["unsandboxed"] = sandbox.available()
         print(f"nightlab harness: running unsandboxed ({sandbox.available()})", file=sys.stderr, flush=True)
+
+    # The batch server: train.py gets one end of a socket pair; the lab's profile (never the run's
+    # environment) sets the budget. NIGHTLAB_MAX_STEPS makes runs step-based in tests; the fleet strips it.
+    copy_problem: list[str] = []
+    taken: dict[str, str] = {}  # file -> SHA-256 at the hand-in, kept in this process's memory
+
+    def take_hand_in() -> None:  # the moment train.py says it handed in: copy it out of its reach
+        for name in (MODEL_FILE, HANDOFF_META):
+            try:
+                taken[name] = _copy_regular(handoff / name, received / name)
+            except OSError as e:
+                copy_problem.append(f"`{name}` could not be taken at hand-in ({e.strerror or e})")
+
+    mine, theirs = socket.socketpair()
+    server = serve.BatchServer(
+        mine,
+        serve.ServerConfig(
+            data_dir(profile), profile.seq_len, budget, int(os.environ.get("NIGHTLAB_MAX_STEPS", "0") or 0)
+        ),
+        on_handin=take_hand_in,
+    )
+    serving = threading.Thread(target=server.serve, name="nightlab-batch-server", daemon=True)
+    serving.start()
+    env[serve.FD_ENV] = str(theirs.fileno())
 
     # As the subreaper of everything train.py starts, this process keeps even a daemon that
     # double-forked into a session of its own in its tree (the sweep below finds it); the parent-death
@@ -205,7 +280,10 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     # by the attempt's environment mark: nightlab/procs.py).
     procs.become_subreaper()
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=procs.die_with_parent())
+    proc = subprocess.Popen(
+        argv, env=env, start_new_session=True, preexec_fn=procs.die_with_parent(), pass_fds=(theirs.fileno(),)
+    )
+    theirs.close()
     # import the scorer's torch while train.py starts up (imports, data, model): the 2-5 s it costs
     # here would otherwise come after the run, on every run
     threading.Thread(target=_preload, daemon=True).start()
@@ -214,8 +292,16 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     finally:
         # whatever it left running must not outlive it, nor rewrite the hand-in while it is scored
         procs.end_run(os.getpid(), None)
+        try:
+            mine.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        serving.join(timeout=10)
+        mine.close()
     wall = time.monotonic() - start
     limit = budget + wall_allowance(budget)
+    figures = server.figures()
+    clock = server.clock
     result.update(train_wall_seconds=round(wall, 3), wall_limit_seconds=round(limit, 3))
     train_py = Path.cwd() / "train.py"
     old = train_py.exists() and "hand_in" not in train_py.read_text(errors="replace")
@@ -236,35 +322,41 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
             f"the training process ran {wall:.1f} s, more than the budget {budget:g} s + allowance "
             f"{wall_allowance(budget):g} s = {limit:g} s"
         )
-    if not (handoff / MODEL_FILE).exists() or not (handoff / HANDOFF_META).exists():
+    if server.error:
+        return invalid(f"train.py broke the batch server's protocol ({server.error})")
+    if clock.handed_in is None:
+        if (handoff / MODEL_FILE).exists() and not old:
+            return invalid("train.py wrote a model but never handed it in (call `hand_in(model, batches)`)")
         return invalid(MIGRATE_HINT if old else "train.py never handed its model to the harness (`hand_in`)")
-    try:
-        meta = json.loads((handoff / HANDOFF_META).read_text())
-        clock = meta["clock"]
-        trained, warmup = float(clock["training_seconds"]), float(clock["warmup_seconds"])
-        clock_budget = float(clock["budget_seconds"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return invalid(f"the hand-in record `{HANDOFF_META}` is unreadable ({type(e).__name__})")
-    if clock_budget != budget:
+    last = figures["last_served_at"] if figures["last_served_at"] is not None else 0.0
+    delay = figures["handed_in_at"] - last
+    result.update(handin_delay_seconds=round(delay, 3), handin_grace_seconds=round(grace, 3))
+    if delay > grace:
         return invalid(
-            f"the run's clock had a budget of {clock_budget:g} s; its tier's budget is {budget:g} s"
+            f"the model was handed in at {figures['handed_in_at']:.1f} s, {delay:.1f} s after the last batch "
+            f"was served at {last:.1f} s; the harness allows {grace:g} s for the last step, export and save: "
+            "it trained past the budget"
         )
-    if trained > wall or warmup > min(WARMUP_SECONDS_CAP, WARMUP_FRACTION_CAP * budget) + 1.0:
-        return invalid(
-            f"the clock's figures are impossible (training {trained:.1f} s, warm-up {warmup:.1f} s, "
-            f"in a process that ran {wall:.1f} s): the clock was tampered with"
-        )
+    if copy_problem:
+        return invalid(copy_problem[0])
+    for name in (MODEL_FILE, HANDOFF_META):
+        # the run's folder (a later write) and the copy (unsandboxed, the run can reach it too)
+        if not _digest(handoff / name) == _digest(received / name) == taken[name]:
+            return invalid(f"the hand-in was rewritten after it was handed in (`{name}` changed)")
     problem = integrity.verify(expected)
     if problem:
         return invalid(problem)
     seed = os.environ.get("NIGHTLAB_SEED")
-    if seed is not None and str(meta.get("seed")) != seed:
-        result["seed_warning"] = f"the run trained with seed {meta.get('seed')}, not NIGHTLAB_SEED={seed}"
+    if seed is not None and str(server.seed) != seed:
+        result["seed_warning"] = f"the run trained with seed {server.seed}, not NIGHTLAB_SEED={seed}"
     try:
-        scored = score(handoff, lab_dir)
+        scored = score(received, lab_dir)
     except UnscorableModelError as e:
         return invalid(str(e))
     result.update(scored)
+    # the timing keys are the server's, whatever the hand-in record says
+    result.update({k: figures[k] for k in ("training_seconds", "warmup_seconds", "warmup_steps", "steps")})
+    result.update(batches_served=figures["batches"], warmup_batches=figures["warmup_batches"])
     write_json(out, result)
     shown = f"val_bpb {scored['val_bpb']:.6f}" if "val_bpb" in scored else "no val_bpb"
     print(f"nightlab harness: scored {shown}, status {scored['status']}, sandbox {mode}", flush=True)

@@ -2,7 +2,9 @@
 
 `hand_in(model, batches)` exports the model with `torch.export` (static shapes: one batch of the
 profile's rows), saves it in torch.export's `.pt2` format next to the training clock's figures,
-and returns. The fleet's supervisor (`attempt.py`) then scores the saved program in a fresh process
+tells the harness's batch server it is done, and returns. Inside the fleet the supervisor copies the
+hand-in out of the run's reach at that moment (later writes change nothing) and refuses it when it
+comes later than a short grace after the last batch served (`serve.grace_seconds`). The fleet's supervisor (`attempt.py`) then scores the saved program in a fresh process
 that imports none of the lab's Python (`scorer.py`), with the validation data the training process
 could not read. Run by hand (`python train.py`, no supervisor), `hand_in` starts that scorer itself
 and returns its result, so the same file works in and out of the fleet.
@@ -145,6 +147,9 @@ def hand_in(model: Any, batches: Any, *, batch_size: int | None = None, folder: 
     }
     (out / (HANDOFF_META + ".tmp")).write_text(json.dumps(meta, indent=1))
     os.replace(out / (HANDOFF_META + ".tmp"), out / HANDOFF_META)
+    # the moment of the hand-in, on the server's clock: inside the fleet the supervisor copies the
+    # folder out of this process's reach now, and refuses a hand-in later than its grace allows
+    batches.hand_in()
     print(
         f"handed in: {out / MODEL_FILE} (export {exported - start:.1f} s, save {saved - exported:.1f} s)",
         flush=True,

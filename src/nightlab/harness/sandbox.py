@@ -14,8 +14,9 @@ run goes on unsandboxed and is flagged `unsandboxed`.
 Inside the sandbox:
 - everything is read-only (`--ro-bind / /`): the installed nightlab package, the lab, its git;
 - the data root (every profile's data, the raw downloads, the demo corpus's validation secret) is
-  replaced by an empty tmpfs, and only the profile's training files (manifest, tokenizer, train.*)
-  are bound back, read-only; the validation files cannot be read;
+  replaced by an empty tmpfs, and only the profile's manifest and tokenizer are bound back,
+  read-only; the token files, training and validation, cannot be read (the supervisor serves the
+  training batches: `serve.py`);
 - a `local:` dataset's files and folders (`SandboxPlan.hidden`), resolved through symlinks, are
   hidden the same way: a folder becomes an empty tmpfs, a file cannot be read; whatever the run
   needs inside a hidden folder (its Python, the lab) is bound back, read-only, with the corpus
@@ -47,8 +48,10 @@ from nightlab.harness.profiles import DATA_ROOT_ENV
 __all__ = ["INSTALL_HINT", "SandboxPlan", "available", "wrap"]
 
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`) to sandbox runs"
-_TRAIN_FILES = ("manifest.json", "tokenizer.tiktoken", "train.tokens.bin", "train.offsets.bin")
-_HIDDEN_FILES = ("val.tokens.bin", "val.offsets.bin")
+_TRAIN_FILES = ("manifest.json", "tokenizer.tiktoken")
+# the token files: the supervisor alone reads the training split and serves it (serve.py), so a run
+# cannot train on it outside the clock (in the warm-up, past the budget); validation is never shown
+_HIDDEN_FILES = ("train.tokens.bin", "train.offsets.bin", "val.tokens.bin", "val.offsets.bin")
 
 
 @dataclass(frozen=True)
