@@ -626,6 +626,7 @@ slurm:
 """
         )
         (home / ".sky" / "user_hash").write_text(self.user_hash)
+        self.api_port = free_port()
         # test fixture only: a GPU name (`accelerators = "H100:4"`) makes SkyPilot read its common
         # accelerator catalog, downloaded from GitHub on first use; this machine has no internet,
         # so the one row it looks up is written where that download would land
