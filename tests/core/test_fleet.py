@@ -236,9 +236,11 @@ def test_runs_get_their_identity_and_never_the_measurement_overrides(make_lab):
     lab = make_lab(slots=1)
     nightlab("fleet", "stop", cwd=lab, check=False)
     eid = submit(lab, "env", extra=("--no-start",))
-    nightlab("fleet", "start", cwd=lab, env={"NIGHTLAB_BUDGET": "9999"})
+    loosened = {"NIGHTLAB_HANDIN_GRACE": "999", "NIGHTLAB_WALL_ALLOWANCE": "9999"}
+    nightlab("fleet", "start", cwd=lab, env={"NIGHTLAB_BUDGET": "9999", **loosened})
     wait_json(lab, eid)
     metrics = show(lab, eid)["metrics"]
     assert metrics["env_experiment"] == eid
     assert metrics["env_tier"] == "cpu"
     assert metrics["env_budget"] == "none"
+    assert metrics["env_loosened"] == 0  # the supervisor's test-only widenings never reach a run
