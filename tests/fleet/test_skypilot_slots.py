@@ -296,3 +296,20 @@ def test_a_backend_s_slots_share_one_cluster(node_lab, sky4):
             assert sky4.count("launch") == 1
         finally:
             backend.close()
+
+
+def pool_of(options: dict) -> PoolConfig:
+    return PoolConfig(backend="skypilot", tier="h100", slots=1, options=options)
+
+
+def test_a_slurm_lane_asks_for_its_share_of_the_cluster_s_cpus():
+    """SkyPilot gives a Slurm step the task's `cpus`, else the whole cluster's: every lane's job would
+    then hold all the CPUs and Slurm would run the lanes one at a time (seen on the real SkyPilot)."""
+    from nightlab.fleet.skypilot.core import lane_cpus
+
+    slurm = pool_of({"accelerators": "H100:4", "infra": "slurm/local"})
+    assert lane_cpus(slurm, "16") == "4" and lane_cpus(slurm, "18+") == "4" and lane_cpus(slurm, 2) == "1"
+    assert lane_cpus(slurm, None) is None  # unknown: SkyPilot's default
+    one = pool_of({"accelerators": "H100:1", "infra": "slurm/local"})
+    assert lane_cpus(one, "16") is None  # one slot: the whole cluster, as before
+    assert lane_cpus(pool_of({"accelerators": "H100:4", "infra": "k8s"}), "16") is None  # Ray: 0.5 CPU a job

@@ -416,12 +416,18 @@ def job_name(spec: RunSpec) -> str:
 
 
 def experiment_task(
-    spec: RunSpec, pool: PoolConfig, *, lab_dir: Path, slot_env: dict[str, str] | None = None
+    spec: RunSpec,
+    pool: PoolConfig,
+    *,
+    lab_dir: Path,
+    slot_env: dict[str, str] | None = None,
+    cpus: str | None = None,
 ) -> sky.Task:
     """The task `sky.exec` runs for one attempt (see the module docstring).
 
     Args:
         slot_env: the slot's variables (an N-slot cluster's lane: `NIGHTLAB_GPU`, `NIGHTLAB_SLOTS`).
+        cpus: the lane's CPUs on a Slurm cluster of several slots (`core.lane_cpus`), else None.
     """
     from nightlab.fleet.skypilot.core import lane_accelerators
 
@@ -442,7 +448,7 @@ def experiment_task(
     if slot_env and "NIGHTLAB_GPU" in slot_env:  # one lane of an N-slot cluster: its share
         accelerators = lane_accelerators(pool)
     # the job must ask for the GPU, or SkyPilot schedules it with no visible device
-    resources = sky.Resources(accelerators=accelerators)
+    resources = sky.Resources(accelerators=accelerators, **({"cpus": cpus} if cpus else {}))
     return sky.Task(name=job_name(spec), run=RUN_SCRIPT, envs=envs, resources=resources)
 
 

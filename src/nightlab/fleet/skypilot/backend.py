@@ -25,6 +25,7 @@ from nightlab.fleet.skypilot.core import (
     field_of,
     is_gone,
     lab_hash,
+    lane_cpus,
     lane_of,
     log,
     queue_depth,
@@ -133,7 +134,13 @@ class SkyPilotBackend(BaseBackend):
     def launch(self, slot: WorkerSlot, spec: RunSpec) -> dict[str, Any]:
         self._learn_lab(spec.lab_dir)
         cluster, lane = self._cluster(slot)
-        task = experiment_task(spec, cluster.pool, lab_dir=self.lab_dir, slot_env=slot.env)
+        task = experiment_task(
+            spec,
+            cluster.pool,
+            lab_dir=self.lab_dir,
+            slot_env=slot.env,
+            cpus=lane_cpus(cluster.pool, cluster.cpus),
+        )
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         run = self.jobs.add(spec, cluster, lane)
         self.jobs.start()

@@ -59,6 +59,7 @@ class Cluster:
     gpu_name: str | None = None
     software: dict[str, str | None] = field(default_factory=dict)  # nightlab version + code, torch, sandbox
     hourly_price: float | None = None
+    cpus: str | None = None  # the launched cluster's CPUs (SkyPilot's `launched_resources.cpus`)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -170,6 +171,8 @@ class Clusters:
                     c.hourly_price = hourly_price(
                         field_of(record, "handle"), c.pool.options.get("hourly_price")
                     )
+                if up:
+                    c.cpus = launched_cpus(field_of(record, "handle"))
             self.notify(c)
 
     def is_up(self, cluster: Cluster) -> bool | None:
@@ -255,6 +258,7 @@ class Clusters:
             cluster.gpu_name = tags.get("gpu") or None
             cluster.software = {k: tags.get(k) for k in ("version", "code", "torch", "sandbox")}
             cluster.hourly_price = hourly_price(handle, pool.options.get("hourly_price"))
+            cluster.cpus = launched_cpus(handle)
         shared.event(
             "cluster-up",
             cluster.worker,
@@ -303,3 +307,9 @@ class Clusters:
             cluster.changed.notify_all()
         if self.on_change is not None:
             self.on_change(cluster.worker, cluster.state, cluster.detail)
+
+
+def launched_cpus(handle: Any) -> str | None:
+    """A launched cluster's CPUs as SkyPilot's handle has them (None when it does not say)."""
+    cpus = getattr(getattr(handle, "launched_resources", None), "cpus", None)
+    return None if cpus is None else str(cpus)

@@ -156,6 +156,24 @@ def lane_accelerators(pool: PoolConfig, *, runner: bool = False) -> Any:
     return {name: math.floor(10_000 / (depth + 1)) / 10_000}
 
 
+def lane_cpus(pool: PoolConfig, cluster_cpus: Any) -> str | None:
+    """The CPUs each job of one lane of a Slurm cluster asks for: the cluster's over its slots.
+
+    SkyPilot runs a Slurm job's step with `--cpus-per-task` = the task's `cpus`, else the whole
+    cluster's: every lane's job would then hold all the allocation's CPUs and Slurm would run the
+    lanes one after another (measured on the real SkyPilot 0.14: a second lane's runner stayed
+    PENDING). None for a one-slot cluster, other infra (Ray counts 0.5 CPU a job), or unknown CPUs.
+    """
+    slots = slots_per_cluster(pool)
+    if slots == 1 or not str(pool.options.get("infra", "")).startswith("slurm") or cluster_cpus is None:
+        return None
+    try:
+        total = float(str(cluster_cpus).rstrip("+"))
+    except ValueError:
+        return None
+    return str(max(1, math.floor(total / slots)))
+
+
 def cluster_workers(pool: PoolConfig) -> list[str]:
     """The worker name of each cluster of a skypilot pool (`workers = N`): `<tier>-<infra>-<i>`."""
     infra = pool.options.get("infra")

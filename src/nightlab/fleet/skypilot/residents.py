@@ -50,6 +50,7 @@ from nightlab.fleet.skypilot.core import (
     field_of,
     is_gone,
     lane_accelerators,
+    lane_cpus,
     log,
     one_line,
     status_name,
@@ -313,7 +314,8 @@ class Residents:
         accelerators = _resources(doc, cluster.pool).get("accelerators")
         if _lanes(cluster) > 1:
             accelerators = lane_accelerators(cluster.pool, runner=True)
-        resources = sky.Resources(accelerators=accelerators)
+        cpus = lane_cpus(cluster.pool, cluster.cpus)  # a Slurm lane's share, or its step takes them all
+        resources = sky.Resources(accelerators=accelerators, **({"cpus": cpus} if cpus else {}))
         return sky.Task(name=JOB_PREFIX + epoch, run=RUNNER_RUN, envs=envs, resources=resources)
 
     def _connect(self, res: Resident) -> None:
