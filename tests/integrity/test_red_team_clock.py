@@ -192,3 +192,36 @@ def test_a_batch_server_of_its_own_is_never_ok(attack, honest):
         ]
     else:
         assert run.outcome == "invalid" and "never handed it in" in run.detail
+
+
+@needs_sandbox
+def test_ptrace_of_the_supervisor_finds_nothing_to_attach_to(attack, honest):
+    """Protection: the sandbox's own PID namespace (`--unshare-pid`, a fresh /proc): the supervisor, whose
+    clock and hand-in copy a debugger could rewrite, is not there to find, attach to or write into.
+
+    Unsandboxed (root, no Yama here) the same edit finds and attaches to it: docs/integrity.md says so.
+    """
+    trace = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "seen, attached, writable = 0, 0, 0\n"
+        "for pid in (p for p in os.listdir('/proc') if p.isdigit()):\n"
+        "    try:\n"
+        "        cmdline = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if b'nightlab.harness.attempt' in cmdline:\n"
+        "        seen += 1\n"
+        "        if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH\n"
+        "            attached += 1\n"
+        "            libc.ptrace(17, int(pid), None, None)  # PTRACE_DETACH\n"
+        "        try:\n"
+        "            open(f'/proc/{pid}/mem', 'r+b').close()\n"
+        "            writable += 1\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "open('traced.txt', 'w').write(f'{seen} {attached} {writable}')\n" + BATCHES
+    )
+    run = attack(edit(template(), BATCHES, trace), env=TIMED)
+    assert (run.work / "traced.txt").read_text() == "0 0 0", run.log[-2000:]
+    no_more_time(run)
