@@ -49,9 +49,16 @@ def main() -> None:
         )
         wall = time.time() - started
         (work / "stderr.txt").write_text(proc.stderr)
+        health = _outcomes(work / "nightlab-demo", env)
         if proc.returncode != 0:
             rows.append(
-                {"run": i, "rc": proc.returncode, "wall_s": wall, "error": proc.stderr.strip()[-300:]}
+                {
+                    "run": i,
+                    "rc": proc.returncode,
+                    "wall_s": wall,
+                    **health,
+                    "error": proc.stderr.strip()[-300:],
+                }
             )
             print(json.dumps(rows[-1]), flush=True)
             continue
@@ -78,12 +85,29 @@ def main() -> None:
                 "z": out["z"],
                 "z_needed": out["z_needed"],
                 "unsandboxed": out["unsandboxed"],
+                **health,
             }
         )
         print(json.dumps(rows[-1]), flush=True)
     adopted = sum(1 for r in rows if r.get("adopted"))
     slowest = max(r["wall_s"] for r in rows)
+    degraded, runs = sum(r.get("degraded", 0) for r in rows), sum(r.get("runs", 0) for r in rows)
     print(f"{adopted}/{len(rows)} adopted a keep; slowest run {slowest / 60:.1f} min", flush=True)
+    print(f"{degraded} of {runs} runs degraded (machine health)", flush=True)
+
+
+def _outcomes(lab: Path, env: dict[str, str]) -> dict[str, int]:
+    """How many of the demo's runs there were and how many machine health marked `degraded`."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "nightlab", "results", "--all", "--json", "--lab", str(lab)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return {}
+    outcomes = [e.get("outcome") for e in json.loads(proc.stdout).get("experiments", [])]
+    return {"runs": len(outcomes), "degraded": outcomes.count("degraded")}
 
 
 if __name__ == "__main__":
