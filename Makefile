@@ -29,9 +29,14 @@ format: $(STAMP)
 
 # .ci/install-test-deps installs the Debian packages the tests need when run as root; the run then
 # says, before the first test, what is still missing and what it costs (tests/needs.py).
+# Two pytest-xdist workers, each taking whole files (a file's tests share their module fixtures and
+# run in order), the slowest files first (tests/conftest.py SLOW_FIRST): the suite waits on
+# processes, services and sleeps as much as it computes, so two lanes on 2 cores take ~half the
+# time (bench/RESULTS.md, 2026-12-03). `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	bash .ci/install-test-deps
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) nightlab-demo .gpu-rehearse
