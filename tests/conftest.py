@@ -32,11 +32,18 @@ def pytest_configure(config: pytest.Config) -> None:
 # leaving one worker alone at the end. A scheduling hint only: a file missing here runs all the same.
 SLOW_FIRST = (
     "tests/skypilot_real/",
+    "tests/search_lab/test_search_cli.py",
     "tests/fleet/test_skypilot_fleet.py",
+    "tests/agent_real/test_real_failures.py",
+    "tests/core/test_fleet.py",
     "tests/harness/test_train.py",
+    "tests/demo/",
     "tests/fleet/test_attempt_processes.py",
     "tests/fleet/test_skypilot_runner.py",
     "tests/harness/test_tune.py",
+    "tests/agent/test_supervisor.py",
+    "tests/reliability/test_controller_kills.py",
+    "tests/core/test_health_fleet.py",
 )
 
 
