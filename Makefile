@@ -29,11 +29,12 @@ format: $(STAMP)
 
 # .ci/install-test-deps installs the Debian packages the tests need when run as root; the run then
 # says, before the first test, what is still missing and what it costs (tests/needs.py).
-# Two pytest-xdist workers, each taking whole files (a file's tests share their module fixtures and
-# run in order), the slowest files first (tests/conftest.py SLOW_FIRST): the suite waits on
-# processes, services and sleeps as much as it computes, so two lanes on 2 cores take ~half the
-# time (bench/RESULTS.md, 2026-12-03). `make test TEST_WORKERS=0` runs it in one process.
-TEST_WORKERS ?= 2
+# `make test TEST_WORKERS=2` runs two pytest-xdist workers, each taking whole files (a file's tests
+# share their module fixtures and run in order), the slowest files first (tests/conftest.py
+# SLOW_FIRST). Off by default: on a 2-core box already loaded by other work, two workers made
+# tests/agent + tests/web 42 % slower (190 s against 134 s, bench/RESULTS.md 2026-12-03); whether they
+# pay on a quiet 2-core machine is not measured yet.
+TEST_WORKERS ?= 0
 test: $(STAMP) lint
 	bash .ci/install-test-deps
 	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

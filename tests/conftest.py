@@ -26,10 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _services_configure(config)
 
 
-# The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03). `make test`
-# runs two pytest-xdist workers that take whole files in collection order (`--dist loadfile
-# --no-loadscope-reorder`): started first, the long files run beside the many short ones instead of
-# leaving one worker alone at the end. A scheduling hint only: a file missing here runs all the same.
+# The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03).
+# `make test TEST_WORKERS=2` runs two pytest-xdist workers that take whole files in collection order
+# (`--dist loadfile --no-loadscope-reorder`): started first, the long files run beside the many short
+# ones instead of leaving one worker alone at the end. A scheduling hint only: a file missing here
+# runs all the same.
 SLOW_FIRST = (
     "tests/skypilot_real/",
     "tests/search_lab/test_search_cli.py",

@@ -119,7 +119,7 @@ def test_pieces_that_are_here_are_not_mentioned_and_no_sandbox_is_missing_bubble
 
 
 def test_under_xdist_the_first_worker_says_each_line_once_before_the_first_test(tmp_path):
-    """`make test` runs two pytest-xdist workers; each collects, and a worker's terminal reporter
+    """`make test TEST_WORKERS=2` runs two pytest-xdist workers; each collects, and a worker's terminal reporter
     writes nowhere: without the first worker saying them on stderr, the lines were lost."""
     proc = run(tmp_path, "-n", "2", "--dist", "loadfile")
     assert proc.returncode == 0, proc.stdout

@@ -61,7 +61,7 @@ def alive(pid: int) -> bool:
     ids=["sigterm", "sigkill", "sigterm-xdist"],
 )
 def test_a_run_stopped_mid_test_leaves_no_service(tmp_path, sig, workers):
-    """`workers`: under pytest-xdist (`make test` runs two workers) a SIGTERM to the controller alone
+    """`workers`: under pytest-xdist (`make test TEST_WORKERS=2`) a SIGTERM to the controller alone
     still runs the worker's fixture finalizers (the controller ends its workers as Ctrl-C would;
     one still busy after 10 s is killed, and its watchdog reaps what it started)."""
     (tmp_path / "test_inner.py").write_text(INNER)
