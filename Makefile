@@ -31,9 +31,9 @@ format: $(STAMP)
 # says, before the first test, what is still missing and what it costs (tests/needs.py).
 # `make test TEST_WORKERS=2` runs two pytest-xdist workers, each taking whole files (a file's tests
 # share their module fixtures and run in order), the slowest files first (tests/conftest.py
-# SLOW_FIRST). Off by default: on a 2-core box already loaded by other work, two workers made
-# tests/agent + tests/web 42 % slower (190 s against 134 s, bench/RESULTS.md 2026-12-03); whether they
-# pay on a quiet 2-core machine is not measured yet.
+# SLOW_FIRST). Off by default until the whole suite has passed with them: on a 2-core box shared with
+# other work, two workers made tests/agent + tests/web 24 % faster at load 3-5 but 42 % slower at
+# load 8 (bench/RESULTS.md 2026-12-03).
 TEST_WORKERS ?= 0
 test: $(STAMP) lint
 	bash .ci/install-test-deps
