@@ -140,10 +140,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     for item in items:
         item.stash[_KEY] = needs_of(item)
+    # under pytest-xdist (`make test TEST_WORKERS=2`) every worker collects, and a worker's
+    # terminal reporter writes nowhere: the first worker says the lines, on stderr, once
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker not in (None, "gw0"):
+        return
     lines = report_lines(items)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for line in lines:
-        if reporter is not None:
+        if reporter is not None and worker is None:
             reporter.write_line(line, yellow=True, bold=True)
         else:
             print(line, file=sys.stderr)

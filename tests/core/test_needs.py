@@ -48,7 +48,7 @@ def test_plain():
 """
 
 
-def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     """The inner tests on a PATH without bwrap, chromium and npm (an empty folder) and no CLI cache."""
     (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "bin").mkdir(exist_ok=True)
@@ -69,9 +69,13 @@ def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         "needs",
         "-p",
         "no:cacheprovider",
+        *extra,
         "test_inner.py",
     ]
-    return subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+    # one stream, as a terminal shows it: under xdist the lines come on stderr, the dots on stdout
+    return subprocess.run(
+        argv, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
 
 
 def test_missing_pieces_are_said_before_the_first_test_and_skip_what_needs_them(tmp_path):
@@ -112,3 +116,16 @@ def test_pieces_that_are_here_are_not_mentioned_and_no_sandbox_is_missing_bubble
         "NIGHTLAB_NO_SANDBOX=1 is set; unset it to sandbox runs"
     )
     assert lines[1].startswith("ss...")  # chromium and npm were found: their tests ran
+
+
+def test_under_xdist_the_first_worker_says_each_line_once_before_the_first_test(tmp_path):
+    """`make test TEST_WORKERS=2` runs two pytest-xdist workers; each collects, and a worker's terminal reporter
+    writes nowhere: without the first worker saying them on stderr, the lines were lost."""
+    proc = run(tmp_path, "-n", "2", "--dist", "loadfile")
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    said = [i for i, line in enumerate(lines) if " missing: the " in line]
+    assert [lines[i].split(" missing:")[0] for i in said] == ["bubblewrap", "chromium", "npm"], proc.stdout
+    first_test = next(i for i, line in enumerate(lines) if line.startswith(("s", ".")))
+    assert said[-1] < first_test, proc.stdout
+    assert "1 passed, 4 skipped" in proc.stdout

@@ -55,8 +55,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_a_run_stopped_mid_test_leaves_no_service(tmp_path, sig):
+@pytest.mark.parametrize(
+    "sig, workers",
+    [(signal.SIGTERM, 0), (signal.SIGKILL, 0), (signal.SIGTERM, 1)],
+    ids=["sigterm", "sigkill", "sigterm-xdist"],
+)
+def test_a_run_stopped_mid_test_leaves_no_service(tmp_path, sig, workers):
+    """`workers`: under pytest-xdist (`make test TEST_WORKERS=2`) a SIGTERM to the controller alone
+    still runs the worker's fixture finalizers (the controller ends its workers as Ctrl-C would;
+    one still busy after 10 s is killed, and its watchdog reaps what it started)."""
     (tmp_path / "test_inner.py").write_text(INNER)
     pids, mark = tmp_path / "pids", tmp_path / "mark"
     env = {
@@ -66,6 +73,7 @@ def test_a_run_stopped_mid_test_leaves_no_service(tmp_path, sig):
         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "services", "-p", "no:cacheprovider", "test_inner.py"]
+    argv += ["-n", str(workers)] if workers else []
     pytest_run = subprocess.Popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
