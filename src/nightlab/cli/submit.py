@@ -70,27 +70,26 @@ def command(
     overrides, base = None, "HEAD"
     if from_id:
         overrides, base = lab.files_of(from_id)
+    how = {
+        "sets": parse_sets(sets),
+        "overrides": overrides,
+        "base": base,
+        "tier": tier,
+        "seed": seed,
+        "repeats": repeats,
+        # `--from ID` repeats a measurement: even one run needs a seed not used yet (the settle
+        # hint of a one-run gain is `--from ID --repeats 1`)
+        "fresh_seeds": bool(from_id) and seed is None,
+        "priority": priority,
+        "force": force,
+        "start_controller": not no_start,
+    }
     if screen:
         from nightlab.rungs import submit_screened
 
-        exps = submit_screened(
-            lab,
-            description,
-            tier=tier,
-            sets=parse_sets(sets),
-            overrides=overrides,
-            base=base,
-            seed=seed,
-            repeats=repeats,
-            fresh_seeds=bool(from_id) and seed is None,
-            priority=priority,
-            force=force,
-            start_controller=not no_start,
-        )
+        exps = submit_screened(lab, description, **how)
     else:
-        exps = _submit(
-            lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, overrides, base
-        )
+        exps = lab.submit(description, **how)
     if as_json:
         emit_json([{"id": e.id, "snapshot": e.snapshot, "tier": e.tier, "seed": e.seed} for e in exps])
         return
@@ -99,21 +98,3 @@ def command(
     say(f"queued {len(exps)} on tier {exps[0].tier}; follow with `nightlab wait {exps[-1].id}`")
     if screen:
         say(f"screening on {exps[0].tier}: `nightlab show {exps[0].id}` says whether it was promoted and why")
-
-
-def _submit(lab, description, sets, tier, seed, repeats, from_id, priority, force, no_start, overrides, base):
-    return lab.submit(
-        description,
-        sets=parse_sets(sets),
-        overrides=overrides,
-        base=base,
-        tier=tier,
-        seed=seed,
-        repeats=repeats,
-        # `--from ID` repeats a measurement: even one run needs a seed not used yet (the settle
-        # hint of a one-run gain is `--from ID --repeats 1`)
-        fresh_seeds=bool(from_id) and seed is None,
-        priority=priority,
-        force=force,
-        start_controller=not no_start,
-    )
