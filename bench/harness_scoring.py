@@ -93,16 +93,7 @@ def main() -> None:
     profile = replace(get_profile("cpu"), budget_seconds=args.budget)
     root = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
-        env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
-        # on a loaded 2-core box two OpenMP threads per process thrash (a scoring forward pass took 4.7 s
-        # with 2 threads, 0.63 s with 1): pin both ways to the same count, as a fleet slot does
-        env["OMP_NUM_THREADS"] = str(args.threads)
-        os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
-        prepare(profile, progress=False)
-        template = set_knobs(
-            resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
-        )
+        env, template = _prepared(profile, root, args.threads)
         old = template.replace("score = hand_in(model, batches).score", IN_PROCESS)
         assert old != template
 
@@ -158,6 +149,21 @@ def protected_run(folder: Path, profile, source: str, env: dict[str, str]) -> tu
     return wall, json.loads((run_dir / "score.json").read_text())
 
 
+def _prepared(profile, root: Path, threads: int) -> tuple[dict[str, str], str]:
+    """The runs' environment (no NIGHTLAB_ overrides, data under `root`) and the template, data prepared."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
+    env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
+    # on a loaded 2-core box two OpenMP threads per process thrash (a scoring forward pass took 4.7 s
+    # with 2 threads, 0.63 s with 1): pin both ways to the same count, as a fleet slot does
+    env["OMP_NUM_THREADS"] = str(threads)
+    os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
+    prepare(profile, progress=False)
+    template = set_knobs(
+        resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
+    )
+    return env, template
+
+
 def compare_trees(args: argparse.Namespace) -> None:
     """Protected runs of the baseline tree and of this one, alternating (see the module docstring)."""
     import nightlab
@@ -166,14 +172,7 @@ def compare_trees(args: argparse.Namespace) -> None:
     profile = replace(get_profile("cpu"), budget_seconds=args.budget)
     root = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTLAB_")}
-        env.update(NIGHTLAB_DATA_DIR=str(root / "data"), NIGHTLAB_SEED="0", PYTHONUNBUFFERED="1")
-        env["OMP_NUM_THREADS"] = str(args.threads)
-        os.environ["NIGHTLAB_DATA_DIR"] = env["NIGHTLAB_DATA_DIR"]
-        prepare(profile, progress=False)
-        template = set_knobs(
-            resources.files("nightlab.targets.gpt").joinpath("train.py").read_text(), profile.train_defaults
-        )
+        env, template = _prepared(profile, root, args.threads)
         sides = {"baseline": str(args.baseline_src.resolve()), "served": str(ours)}
         print(f"baseline {sides['baseline']} | served {sides['served']} | sandbox {available() or 'bwrap'}")
         walls: dict[str, list[float]] = {k: [] for k in sides}
