@@ -164,16 +164,22 @@ def test_a_bad_slots_per_cluster_is_one_line_and_exit_2(node_lab, capsys, value,
 # ---------------------------------------------------------------------------- a wave on one node
 
 
-def test_a_wave_of_8_on_one_4_gpu_cluster_runs_4_at_a_time_each_on_its_own_gpu(node_lab, sky4, capsys):
-    lab = node_lab()
+def _eight_runs_ok(lab: Path, capsys, *, timeout: float) -> list[str]:
+    """`fleet up` (one 4-slot cluster), 8 runs of 1.5 s, each ok with exactly one attempt."""
     code, out, err = cli(capsys, "fleet", "up", "--lab", str(lab))
     assert code == 0, err
-    assert out.split("\t")[-1].strip() == "4 slots"
+    assert out.split("\t")[-1].strip() == "4 slots", out
     ids = [submit(lab, f"run {i}", "h100", SLEEP="1.5", LR=f"0.0{i + 1}") for i in range(8)]
     with ControllerThread(lab):
-        exps = finished(lab, ids, timeout=90)
+        exps = finished(lab, ids, timeout=timeout)
     assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
     assert all(len(attempts(lab, i)) == 1 for i in ids)  # exactly once
+    return ids
+
+
+def test_a_wave_of_8_on_one_4_gpu_cluster_runs_4_at_a_time_each_on_its_own_gpu(node_lab, sky4, capsys):
+    lab = node_lab()
+    ids = _eight_runs_ok(lab, capsys, timeout=90)
     seen = {i: _saw(lab, i) for i in ids}
     spans = {i: _span(lab, i) for i in ids}
     # each run saw one GPU, the one its slot names, and a quarter of the node's CPUs
@@ -211,13 +217,7 @@ infra = "slurm/fakehost"
 
 def test_a_slurm_node_runs_one_resident_runner_per_gpu_and_8_runs_4_at_a_time(node_lab, sky4, capsys):
     lab = node_lab(SLURM_NODE)
-    code, out, err = cli(capsys, "fleet", "up", "--lab", str(lab))
-    assert code == 0, err
-    ids = [submit(lab, f"run {i}", "h100", SLEEP="1.5", LR=f"0.0{i + 1}") for i in range(8)]
-    with ControllerThread(lab):
-        exps = finished(lab, ids, timeout=120)
-    assert all(exps[i].outcome == "ok" for i in ids), {i: exps[i].detail for i in ids}
-    assert all(len(attempts(lab, i)) == 1 for i in ids)  # exactly once
+    ids = _eight_runs_ok(lab, capsys, timeout=120)
     seen = {i: _saw(lab, i) for i in ids}
     for i in ids:
         (attempt,) = attempts(lab, i)
