@@ -27,6 +27,7 @@ from test_skypilot_fleet import (  # noqa: E402  (the fake's helpers, reused)
     submit,
 )
 
+from labkit import wait_until  # noqa: E402
 from nightlab.config import PoolConfig, load_config, pool_slots  # noqa: E402
 from nightlab.fleet import skypilot  # noqa: E402
 from nightlab.fleet.skypilot import core as sky_core  # noqa: E402
@@ -313,3 +314,50 @@ def test_a_slurm_lane_asks_for_its_share_of_the_cluster_s_cpus():
     one = pool_of({"accelerators": "H100:1", "infra": "slurm/local"})
     assert lane_cpus(one, "16") is None  # one slot: the whole cluster, as before
     assert lane_cpus(pool_of({"accelerators": "H100:4", "infra": "k8s"}), "16") is None  # Ray: 0.5 CPU a job
+
+
+# ---------------------------------------------------------------------------- health, per experiment
+
+# The run with LR = 0.05 starves itself (three processes pinned to one core, each burning 0.7
+# CPU-s, so each gets at most a third of what it asks for, whatever the machine does); the
+# others sleep. Each lane's sampler must see its own run only.
+STARVE = """\
+import os, subprocess, sys
+if "LR = 0.05" in open("train.py").read():
+    burn = "import os,sys,time\\nos.sched_setaffinity(0, {int(sys.argv[1])})\\n"
+    burn += "while time.process_time() < 0.7: pass\\ntime.sleep(1.5)"
+    core = str(min(os.sched_getaffinity(0)))
+    for p in [subprocess.Popen([sys.executable, "-c", burn, core]) for _ in range(3)]:
+        p.wait()
+"""
+
+
+@pytest.mark.parametrize("pool", [NODE, SLURM_NODE], ids=["sky-exec", "resident-runner"])
+def test_each_slot_s_run_is_sampled_on_its_node_and_a_starved_one_is_degraded_and_rerun(
+    node_lab, sky4, monkeypatch, pool
+):
+    monkeypatch.setenv("NIGHTLAB_MIN_CPU_SHARE", "")  # the lab's own threshold (0.7), not the suite's
+    lab = node_lab(pool)
+    (lab / "starve.py").write_text(STARVE)
+    toml = lab / "nightlab.toml"
+    toml.write_text(
+        toml.read_text().replace(f'command = "{SHOW}"', 'command = "python starve.py && python train.py"')
+    )
+    subprocess.run(["git", "add", "-A"], cwd=lab, check=True)
+    subprocess.run(["git", "commit", "-qm", "a run that starves itself"], cwd=lab, check=True)
+    starved = submit(lab, "starved", "h100", LR="0.05")
+    calm = [submit(lab, f"calm {i}", "h100", SLEEP="1", LR=f"0.0{i + 1}") for i in range(2)]
+    with ControllerThread(lab):
+        exps = finished(lab, [starved, *calm], timeout=120)
+        wait_until(lambda: events(lab, "degraded-again"), timeout=120)  # its re-run starved too
+    first = attempts(lab, starved)[0]
+    assert exps[starved].outcome == "degraded" and first.failure == "degraded"
+    assert first.detail.startswith("starved: "), first.detail
+    health = exps[starved].health
+    assert health["degraded"] and health["got_share"] < 0.6 and health["threshold"] == 0.7
+    assert health["cpu_seconds"] >= 2.0 and health["samples"] >= 1
+    (rerun,) = events(lab, "rerun")
+    assert rerun.data["of"] == starved
+    # the lanes beside it were sampled too, each its own run only (a sleep: little CPU)
+    for i in calm:
+        assert exps[i].health is not None and exps[i].health["cpu_seconds"] < 1.0, exps[i].health

@@ -57,6 +57,7 @@ class RunExit:
     lost: bool = False
     detail: str | None = None
     code: str | None = None  # code hash of the nightlab a remote worker ran (`fleet/build.py`)
+    health: dict[str, Any] | None = None  # what a remote worker's sampler measured (`fleet/worker_health.py`)
 
 
 class BaseBackend(abc.ABC):

@@ -479,7 +479,7 @@ class Controller:
                     f"the disk holding `{active.spec.run_dir}` filled up while the run wrote its log "
                     f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
                 )
-        health = self.health.finish(active.attempt)
+        health = self.health.finish(active.attempt, reported=ended.health)
         if health is not None and health.degraded and health_may_judge(outcome, metrics):
             outcome, detail = Outcome.DEGRADED, health.reason
         state, exp = self._finish(

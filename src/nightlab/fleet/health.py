@@ -52,7 +52,10 @@ cannot change but by an exec); the figure per run is in bench/RESULTS.md. The sa
 threads' last second is not seen (a thread that exits between samples keeps its last
 sample), which is well under 1 % of a 300 s run.
 
-Remote backends (SkyPilot) are not sampled here: their health is `None`, never degraded.
+Remote runs (SkyPilot) are sampled on their worker by `fleet/worker_health.py` with these same
+samplers, per experiment (each lane's run by its own mark, its lane's threads and GPU); the
+controller judges what comes back with the thresholds here (`HealthWatch.finish`). A remote run
+whose worker sent no sample (an older worker, a lost job) has health `None`, never degraded.
 stdlib only.
 """
 
@@ -120,6 +123,35 @@ class Health:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def measurements(self) -> dict[str, Any]:
+        """What was measured, without a verdict: what a remote worker reports (`from_report`)."""
+        return {k: v for k, v in self.to_dict().items() if k in _MEASURED or k == "throttle"}
+
+    @classmethod
+    def from_report(cls, data: Any) -> Health | None:
+        """A remote worker's unjudged sample (`fleet/worker_health.py`), or None when malformed.
+
+        It arrives on a log line, so nothing about it is trusted: only the measured fields, each of
+        its type, and never a verdict (the controller judges it with its own thresholds).
+        """
+        if not isinstance(data, dict):
+            return None
+
+        def number(value: Any, whole: bool = False) -> bool:
+            kinds = int if whole else (int, float)
+            return isinstance(value, kinds) and not isinstance(value, bool) and value >= 0
+
+        kept = {k: v for k, v in data.items() if k in _MEASURED and v is not None}
+        throttle = data.get("throttle", {})
+        if (
+            not number(kept.get("wall_seconds"))
+            or not all(number(v, whole=k in ("threads", "gpu", "samples")) for k, v in kept.items())
+            or not isinstance(throttle, dict)
+            or not all(isinstance(k, str) and number(v) for k, v in throttle.items())
+        ):
+            return None
+        return cls(**kept, throttle=dict(throttle))
+
     def summary(self) -> str:
         """One line for `show` and the dashboard."""
         parts = []
@@ -140,6 +172,22 @@ class Health:
         return f"degraded ({text}): {self.reason}" if self.degraded else f"healthy ({text})"
 
 
+# what a sample measures, as opposed to the verdict `judge` adds (threshold, degraded, reason)
+_MEASURED = [
+    "wall_seconds",
+    "threads",
+    "cpu_seconds",
+    "waited_seconds",
+    "cpu_share",
+    "got_share",
+    "load_per_core",
+    "gpu",
+    "sm_clock_mhz",
+    "sm_clock_share",
+    "samples",
+]
+
+
 # ---------------------------------------------------------------------------- CPU
 
 
@@ -158,7 +206,7 @@ def _threads_of(pid: int) -> dict[tuple[int, int], tuple[int, int]]:
     return out
 
 
-class _Marks:
+class MarkCache:
     """`procs.mark_of` with memory: each process's environment is read once (pid + start time name it).
 
     A forked child inherits its parent's environment, so a process is marked from its first
@@ -183,7 +231,7 @@ class _Marks:
 
 
 def scan_runs(
-    runs: dict[Any, tuple[int | None, str | None]], marks: _Marks | None = None
+    runs: dict[Any, tuple[int | None, str | None]], marks: MarkCache | None = None
 ) -> dict[Any, dict[tuple[int, int], tuple[int, int]]]:
     """(run_ns, wait_ns) of every thread of every process of the given runs, in one /proc pass.
 
@@ -196,7 +244,7 @@ def scan_runs(
     if not runs or not _PROC.is_dir():
         return found
     table = procs.table()
-    marks = marks or _Marks()
+    marks = marks or MarkCache()
     marks.renew(table)
     for key, (root, mark) in runs.items():
         for pid in procs.run_processes(root, mark, procs=table, marks=marks):
@@ -321,6 +369,11 @@ class GpuWatcher:
         while not self._stop.wait(self.interval):
             self.sample_once()
 
+    def indices(self) -> list[int]:
+        """The GPU indices sampled so far."""
+        with self._lock:
+            return sorted(self._samples)
+
     def samples(self, gpu: int, since: float, until: float) -> list[dict[str, float]]:
         with self._lock:
             return [s for s in self._samples.get(gpu, []) if since <= s["ts"] <= until]
@@ -414,7 +467,7 @@ class HealthWatch:
         self.min_got_share = cpu_share_override(config.min_cpu_share)
         self.min_clock_share = config.min_clock_share
         self._cpu: dict[int, CpuSampler] = {}
-        self._marks = _Marks()
+        self._marks = MarkCache()
         self._gpu_of: dict[int, tuple[int, float]] = {}  # attempt id -> (gpu index, started at)
         self._avoid: dict[str, str] = {}  # queued re-run id -> the worker whose run was degraded
         self._running_reruns: set[int] = set()  # attempt ids of re-runs in flight
@@ -454,13 +507,21 @@ class HealthWatch:
         for key, sampler in self._cpu.items():
             sampler.add(found[key])
 
-    def finish(self, attempt: Any) -> Health | None:
-        """The judged health of an attempt that ended; None when it was not watched (remote)."""
+    def finish(self, attempt: Any, reported: dict[str, Any] | None = None) -> Health | None:
+        """The judged health of an attempt that ended; None when nothing sampled it.
+
+        `reported`: what a remote worker's sampler measured (`RunExit.health`); the same rule
+        judges it, by its GPU when the worker saw the lane's GPU, else by its CPU.
+        """
         self._running_reruns.discard(attempt.id)
         sampler = self._cpu.pop(attempt.id, None)
         gpu = self._gpu_of.pop(attempt.id, None)
         if sampler is None:
-            return None
+            remote = Health.from_report(reported) if reported is not None else None
+            if remote is None:
+                return None
+            cpu_floor = 0 if remote.gpu is not None else self.min_got_share
+            return judge(remote, min_got_share=cpu_floor, min_clock_share=self.min_clock_share)
         now = time.time()
         health = sampler.health(ended_at=now)
         if gpu is None:

@@ -207,6 +207,13 @@ echo "nightlab-gpu: ${gpu:-none}"
 exec 9>"$lock"
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 echo "nightlab-start: $(date +%s.%N)"
+# The run's machine health, sampled beside it by the mark its processes inherit (the resident
+# runner sets one; `sky exec` does not), judged by the controller (`fleet/worker_health.py`). The
+# sampler holds neither the lock nor the hasher's FIFO: the next run and the hash never wait on it.
+export NIGHTLAB_ATTEMPT="${NIGHTLAB_ATTEMPT:-sky/$NIGHTLAB_RUN/$$}"
+(cd / && exec python -m nightlab.fleet.worker_health --mark "$NIGHTLAB_ATTEMPT" --threads "${NIGHTLAB_THREADS:-0}" \
+  --exclude $$ $hasher --out "$hashing/health.json" >/dev/null 2>&1 9>&- {go}>&-) &
+sampler=$!
 cd "$work"
 # stderr joins stdout here: SkyPilot on Slurm carries the two apart and reordered a traceback
 # before the lines printed ahead of it (the conformance suite's crash scenario, real SDK)
@@ -218,6 +225,7 @@ else
 fi
 code=$?
 echo "nightlab-end: $(date +%s.%N)"
+kill -TERM "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
 # the experiment is over: a next job waiting at the lock may start while this one reports; on
 # Slurm the next job's step waits for this whole job to exit instead (docs/skypilot.md, "Pipelining")
 exec 9>&-
@@ -232,6 +240,7 @@ echo "nightlab-code: $nightlab_code"
 if [ "$supervise" = 1 ]; then
   echo "nightlab-score: $(base64 -w0 "$run_dir/score.json" 2>/dev/null || echo none)"
 fi
+echo "nightlab-health: $(base64 -w0 "$hashing/health.json" 2>/dev/null || echo none)"
 echo "nightlab-exit: $code"
 rm -rf "$run_dir" "$hashing"
 exit $code
@@ -458,7 +467,7 @@ _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
 # Unanchored, last occurrence: a run that ends with half a line (no newline) would otherwise swallow the
 # run script's next tag. A tag's authority is its order (the run script prints last), not its column.
-_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score|start|end): ?(.*?)\s*$")
+_TAG = re.compile(r"^.*nightlab-(gpu|exit|code|version|torch|sandbox|score|health|start|end): ?(.*?)\s*$")
 
 
 OTHER_FORMAT_LIMIT = 8 * 1024 * 1024  # chars of unprefixed lines kept in case no line has a prefix
@@ -600,25 +609,37 @@ def save_score(run_dir: Path, tags: dict[str, str], *, worker_sandbox: str | Non
         Whether a score was written (False for no line, `none`, or an unreadable one: the
         controller then records "no harness score").
     """
-    import binascii
-    import json
-
     from nightlab.atomic import atomic_write_json
 
-    raw = tags.get("score")
-    if not raw or raw == "none":
-        return False
-    try:
-        data = json.loads(base64.b64decode(raw, validate=True))
-    except (ValueError, binascii.Error):
-        return False
-    if not isinstance(data, dict):
+    data = _tag_json(tags, "score")
+    if data is None:
         return False
     if worker_sandbox == "none" and data.get("sandbox") != "none":
         data.update(sandbox="none", unsandboxed="the worker's set-up probe found no working bubblewrap")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(run_dir) / "score.json", data, indent=1, sort_keys=True)
     return True
+
+
+def _tag_json(tags: dict[str, str], key: str) -> dict[str, Any] | None:
+    """The JSON object a run-script tag carries base64-encoded; None for no tag, `none`, or garbage."""
+    import binascii
+    import json
+
+    raw = tags.get(key)
+    if not raw or raw == "none":
+        return None
+    try:
+        data = json.loads(base64.b64decode(raw, validate=True))
+    except (ValueError, binascii.Error):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_health(tags: dict[str, str]) -> dict[str, Any] | None:
+    """The worker's health sample from the job's `nightlab-health:` line (printed after the run
+    ended, like the score). Not validated here: `Health.from_report` keeps only well-formed figures."""
+    return _tag_json(tags, "health")
 
 
 SUPERVISOR_LINE = "nightlab harness:"  # how the supervisor's own lines start (`harness/attempt.py`)

@@ -21,7 +21,7 @@ from typing import Any
 
 from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit, RunSpec
-from nightlab.fleet.sky_task import JobLogSink, add_run_keys, job_name, save_score
+from nightlab.fleet.sky_task import JobLogSink, add_run_keys, job_name, read_health, save_score
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
 from nightlab.fleet.skypilot.core import (
@@ -549,10 +549,11 @@ class Jobs:
                 sandbox = self.shared.recorded_software.get(run.cluster.worker, {}).get("sandbox")
         save_score(run.spec.run_dir, tags, worker_sandbox=sandbox)
         exit_tag = tags.get("exit")
+        health = read_health(tags)
         if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
-            ended = RunExit(int(exit_tag), code=code)
+            ended = RunExit(int(exit_tag), code=code, health=health)
         elif status == "SUCCEEDED":
-            ended = RunExit(0, code=code)
+            ended = RunExit(0, code=code, health=health)
         elif status == "CANCELLED":
             ended = RunExit(None, detail="job cancelled", code=code)
         else:  # the run script itself died (driver failure, OOM kill of the node)
