@@ -156,6 +156,21 @@ def become_subreaper() -> bool:
     return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
+def signal_on_parent_death(sig: int) -> None:
+    """Have the kernel send this process `sig` when its parent dies (Linux; elsewhere nothing).
+
+    For a helper that must not outlive what started it (`fleet/worker_health.py`'s sampler, whose
+    run script a cancelled job may kill). A parent already gone sends it at once.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return
+    parent = os.getppid()
+    prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent or parent == 1:
+        os.kill(os.getpid(), sig)
+
+
 def die_with_parent() -> Callable[[], None] | None:
     """A `preexec_fn` that makes the child get SIGKILL when this process dies; None off Linux.
 

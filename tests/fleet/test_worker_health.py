@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import wait_until
 from nightlab import procs
 from nightlab.fleet.health import MIN_CPU_SHARE_ENV, Health, HealthWatch, judge
 from nightlab.fleet.worker_health import pick_gpu
@@ -96,6 +97,33 @@ def test_the_run_script_s_own_processes_and_unmarked_ones_do_not_count(tmp_path,
         assert p.wait(timeout=120) == 0
     report = _stop(sampler, out)
     assert 0.35 <= report["cpu_seconds"] < 0.6, report  # the counted one's 0.4 s only
+
+
+def test_a_sampler_whose_run_script_died_reports_and_exits(tmp_path, reap):
+    """A cancelled job may kill its run script before it stops the sampler: the sampler must not linger."""
+    out = tmp_path / "health.json"
+    parent = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'nightlab.fleet.worker_health', '--mark', 'none',"
+        f" '--out', {str(out)!r}])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(1.0)\n"
+    )
+    script = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    reap.append(script)
+    sampler_pid = int(script.stdout.readline())
+    script.kill()  # no SIGTERM from it: SIGKILL, as a cancelled job's process group gets
+    script.wait()
+    wait_until(lambda: out.exists() and not _alive(sampler_pid), timeout=30)
+    assert json.loads(out.read_text())["wall_seconds"] > 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return procs.table().get(pid) is not None  # a zombie is not alive
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler = WorkerSampler(mark=args.mark, threads=args.threads or usable_cores(), exclude=set(args.exclude))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sampler.stop())
+    procs.signal_on_parent_death(signal.SIGTERM)  # a cancelled job's run script: report and go
     sampler.run()
     report = sampler.report(
         lane=os.environ.get("NIGHTLAB_GPU"), visible=os.environ.get("CUDA_VISIBLE_DEVICES")
