@@ -103,6 +103,9 @@ def test_a_4_gpu_node_runs_8_experiments_4_at_a_time_each_on_its_own_gpu(lab, en
         saved = json.loads((run_dir / "sky.json").read_text())
         spans.append((saved["started_at"], saved["command_ended_at"]))
         assert match.group(2) == tries[i][0].worker.rsplit("-g", 1)[1]  # the run knows its lane
+        # sampled on the node by its own sampler, as a slot of its lane's size (issue 36.1)
+        health = exps[i].health
+        assert health and health["samples"] >= 1 and health["threads"] == int(match.group(3)), health
     # each lane's runner holds the GPU Slurm gave its job (the run script keeps Slurm's choice)
     lane_gpu = {}
     for i in ids:
