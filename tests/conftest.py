@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-# This suite shares small CI machines with other jobs: only a run that got under 5 % of the CPU
-# it asked for is `degraded` here (fleet/health.py). The health tests set their own threshold.
-os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0.05")
+# This suite shares small CI machines with other jobs, so its ordinary runs are sampled but never
+# judged starved (`fleet/health.py`: a threshold of 0 turns the CPU check off). With 0.05 a sleeping
+# synthetic run that waited 0.5 s for a core at load 6 per core (4 % of what it asked for) ended
+# `degraded` and failed an unrelated test. The health tests set their own threshold.
+os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0")
 
 from labkit import SYNTHETIC_TRAIN, commit, nightlab
 
