@@ -20,7 +20,7 @@ sky = pytest.importorskip("sky")
 from nightlab import __version__  # noqa: E402
 from nightlab.config import PoolConfig  # noqa: E402
 from nightlab.errors import NightlabError, UsageError  # noqa: E402
-from nightlab.fleet import build, sky_task  # noqa: E402
+from nightlab.fleet import build, job_log, sky_task, worker_setup  # noqa: E402
 from nightlab.fleet.backend import RunSpec  # noqa: E402
 from nightlab.fleet.runner import classify, parse_summary  # noqa: E402
 from nightlab.snapshots import commit_files, head  # noqa: E402
@@ -46,26 +46,26 @@ JOB_LOG = """\
 
 
 def test_clean_job_log_strips_prefixes_and_skypilot_lines():
-    text, tags = sky_task.clean_job_log(JOB_LOG)
+    text, tags = job_log.clean_job_log(JOB_LOG)
     assert text == "step 00100 loss 3.2\n---\nval_bpb:          0.997900\ntraining_seconds: 300.1\n"
     assert tags == {"gpu": "NVIDIA H100 80GB HBM3", "exit": "0"}
 
 
 def test_clean_job_log_multi_node_prefix_and_unprefixed_fallback():
-    text, _ = sky_task.clean_job_log("(head, rank=0, pid=17, ip=10.0.0.2) hello\nskypilot chatter\n")
+    text, _ = job_log.clean_job_log("(head, rank=0, pid=17, ip=10.0.0.2) hello\nskypilot chatter\n")
     assert text == "hello\n"
     # a log in another format (no prefix anywhere) is kept whole rather than lost
-    text, tags = sky_task.clean_job_log("plain\nnightlab-exit: 3\n")
+    text, tags = job_log.clean_job_log("plain\nnightlab-exit: 3\n")
     assert (text, tags) == ("plain\n", {"exit": "3"})
 
 
 def test_run_keys_join_a_final_summary_block_only():
     ok = "---\nval_bpb: 1.0\n"
-    joined = ok + sky_task.run_keys(ok, tier="h100", gpu="NVIDIA H100 80GB HBM3")
+    joined = ok + job_log.run_keys(ok, tier="h100", gpu="NVIDIA H100 80GB HBM3")
     assert parse_summary(joined) == {"val_bpb": 1.0, "tier": "h100", "gpu_name": "NVIDIA H100 80GB HBM3"}
     crashed = "---\nval_bpb: 1.0\nTraceback (most recent call last):\n  x\nValueError: late\n"
-    assert sky_task.run_keys(crashed, tier="h100", gpu="G") == ""
-    assert sky_task.run_keys("no summary\n", tier="h100", gpu="G") == ""
+    assert job_log.run_keys(crashed, tier="h100", gpu="G") == ""
+    assert job_log.run_keys("no summary\n", tier="h100", gpu="G") == ""
     # the crash keeps its exception line as the detail
     assert classify(1, crashed, metric="val_bpb").detail == "ValueError: late"
 
@@ -73,7 +73,7 @@ def test_run_keys_join_a_final_summary_block_only():
 def test_the_log_sink_writes_the_job_lines_as_they_stream(tmp_path):
     path = tmp_path / "log.txt"
     path.write_text("an earlier try\n")
-    sink = sky_task.JobLogSink(path)
+    sink = job_log.JobLogSink(path)
     assert path.read_text() == ""  # every read starts a fresh log
     cut = JOB_LOG.index("(nightlab-e0001-a1, pid=2231) ---") + 5
     head, tail = JOB_LOG[:cut], JOB_LOG[cut:]  # split in the middle of a line
@@ -81,7 +81,7 @@ def test_the_log_sink_writes_the_job_lines_as_they_stream(tmp_path):
     assert path.read_text() == "step 00100 loss 3.2\n"  # written before the job ends
     sink.write(tail)
     sink.finish()
-    assert path.read_text() == sky_task.clean_job_log(JOB_LOG)[0]
+    assert path.read_text() == job_log.clean_job_log(JOB_LOG)[0]
     assert sink.tags == {"gpu": "NVIDIA H100 80GB HBM3", "exit": "0"}
 
 
@@ -159,6 +159,8 @@ def test_a_checkout_install_ships_a_wheel_of_the_running_code(tmp_path):
 
     names = zipfile.ZipFile(wheel).namelist()
     assert f"nightlab-{__version__}.dist-info/METADATA" in names and "nightlab/fleet/build.py" in names
+    # the worker's templates are package data: without them `sky_task` cannot even be imported there
+    assert {"nightlab/fleet/templates/run.sh", "nightlab/fleet/templates/worker.yaml"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     meta = zipfile.ZipFile(wheel).read(f"nightlab-{__version__}.dist-info/METADATA").decode()
     assert "Requires-Dist: torch==2.13.0" in meta  # the cluster's torch is pinned like the controller's
@@ -293,11 +295,16 @@ def test_the_snapshot_travels_inside_the_job_byte_identical(tmp_path):
     assert res.accelerators == {"H100": 1}
     home = tmp_path / "cluster"
     proc = _run_on_fake_cluster(task, home)
-    text, tags = sky_task.clean_job_log(proc.stdout)
+    text, tags = job_log.clean_job_log(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert digest in text and "hi\n" in text and f"{home}/sky_workdir" in text
     start, end = float(tags.pop("start")), float(tags.pop("end"))  # the command's start and end
-    assert start <= end and tags == {"gpu": "none", "exit": "0", "code": "none"}  # no nightlab venv here
+    assert start <= end and tags == {
+        "gpu": "none",
+        "exit": "0",
+        "code": "none",
+        "health": "none",
+    }  # no venv here
     assert not (home / "nightlab" / "runs" / "e0007-a2").exists()  # the run cleans up after itself
 
 
@@ -305,11 +312,11 @@ def test_the_run_script_reports_the_target_exit_code_and_its_own_timeout(tmp_pat
     lab, commit = _git_lab(tmp_path, {"train.py": b"import sys; sys.exit(3)\n"})
     task = sky_task.experiment_task(_spec(lab, commit, "python3 train.py"), H100, lab_dir=lab)
     proc = _run_on_fake_cluster(task, tmp_path / "c1")
-    assert proc.returncode == 3 and sky_task.clean_job_log(proc.stdout)[1]["exit"] == "3"
+    assert proc.returncode == 3 and job_log.clean_job_log(proc.stdout)[1]["exit"] == "3"
     task = sky_task.experiment_task(_spec(lab, commit, "sleep 30"), H100, lab_dir=lab)
     task.update_envs({"NIGHTLAB_REMOTE_TIMEOUT": "1"})
     proc = _run_on_fake_cluster(task, tmp_path / "c2")
-    assert sky_task.clean_job_log(proc.stdout)[1]["exit"] == "124"
+    assert job_log.clean_job_log(proc.stdout)[1]["exit"] == "124"
 
 
 def test_a_payload_over_the_limit_names_the_fix(tmp_path, monkeypatch):
@@ -334,8 +341,8 @@ def test_prepare_worker_uses_the_lab_profile_without_a_ledger(tmp_path, monkeypa
     monkeypatch.setattr(
         data, "prepare", lambda profile, progress, val_secret: seen.append(profile) or tmp_path / "data"
     )
-    assert sky_task.prepare_worker(tmp_path / "foreign") is None  # a foreign target prepares its own data
-    assert sky_task.prepare_worker(tmp_path / "builtin") == tmp_path / "data"
+    assert worker_setup.prepare_worker(tmp_path / "foreign") is None  # a foreign target prepares its own data
+    assert worker_setup.prepare_worker(tmp_path / "builtin") == tmp_path / "data"
     assert seen == [get_profile("cpu")]
 
 
@@ -349,11 +356,11 @@ def test_the_last_score_line_wins_and_half_a_line_cannot_swallow_it(tmp_path):
         f"(t, pid=1) nightlab-score: {forged}\n(t, pid=1) half a line, no newline"
         f"nightlab-score: {real}\n(t, pid=1) nightlab-exit: 0\n"
     )
-    _, tags = sky_task.clean_job_log(text)  # SkyPilot prefixes the joined line once
-    assert sky_task.save_score(tmp_path, tags)
+    _, tags = job_log.clean_job_log(text)  # SkyPilot prefixes the joined line once
+    assert job_log.save_score(tmp_path, tags)
     assert json.loads((tmp_path / "score.json").read_text())["val_bpb"] == 1.25
     for raw in ("none", "not base64!", base64.b64encode(b"[1, 2]").decode()):
-        assert not sky_task.save_score(tmp_path / raw[:4], {"score": raw})
+        assert not job_log.save_score(tmp_path / raw[:4], {"score": raw})
 
 
 def test_a_worker_without_a_sandbox_marks_every_score_unsandboxed(tmp_path):
@@ -364,12 +371,12 @@ def test_a_worker_without_a_sandbox_marks_every_score_unsandboxed(tmp_path):
     claim = base64.b64encode(
         json.dumps({"status": "ok", "val_bpb": 1.2, "sandbox": "bwrap"}).encode()
     ).decode()
-    assert sky_task.save_score(tmp_path, {"score": claim}, worker_sandbox="none")
+    assert job_log.save_score(tmp_path, {"score": claim}, worker_sandbox="none")
     saved = json.loads((tmp_path / "score.json").read_text())
     assert saved["sandbox"] == "none" and "bubblewrap" in saved["unsandboxed"]
-    assert sky_task.save_score(tmp_path, {"score": claim}, worker_sandbox="bwrap")
+    assert job_log.save_score(tmp_path, {"score": claim}, worker_sandbox="bwrap")
     assert json.loads((tmp_path / "score.json").read_text())["sandbox"] == "bwrap"
-    probe = sky_task.clean_job_log("(t, pid=2) nightlab-sandbox: none\n")[1]
+    probe = job_log.clean_job_log("(t, pid=2) nightlab-sandbox: none\n")[1]
     assert probe == {"sandbox": "none"}
 
 
@@ -439,7 +446,7 @@ def test_only_the_command_holds_the_run_lock(tmp_path):
         assert unpacked.exists() and proc.poll() is None  # ready, waiting for the lock
         fcntl.flock(lock, fcntl.LOCK_UN)
         out, _ = proc.communicate(timeout=60)
-    text, tags = sky_task.clean_job_log(out)
+    text, tags = job_log.clean_job_log(out)
     assert proc.returncode == 0 and "hi\n" in text
     assert tags["code"] == "lock-free"  # reported after the command let the lock go
 
@@ -455,7 +462,7 @@ def _run_script(tmp_path, command: str, python_stub: str) -> tuple[str, dict[str
     env = {"PATH": f"{home / 'bin'}:{os.environ['PATH']}", "HOME": str(home), **task.envs}
     proc = subprocess.run(["bash", "-c", task.run], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    text, tags = sky_task.clean_job_log(proc.stdout)
+    text, tags = job_log.clean_job_log(proc.stdout)
     return text, tags, home
 
 
@@ -516,4 +523,4 @@ def test_a_rungs_budget_travels_to_the_remote_supervisor(tmp_path):
     assert task.envs[BUDGET_ENV] == "60.0"
     proc = _run_on_fake_cluster(task, tmp_path / "cluster")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "budget=60.0" in sky_task.clean_job_log(proc.stdout)[0]
+    assert "budget=60.0" in job_log.clean_job_log(proc.stdout)[0]

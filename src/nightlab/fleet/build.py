@@ -18,7 +18,7 @@ and bytes, `__pycache__` excluded), not the wheel's bytes (zip timestamps vary).
 Usage: `build_wheel(out_dir)` -> `Wheel(path, sha256, code, version, source)`;
 on a worker `python -m nightlab.fleet.build probe` prints the tags `fleet status` shows.
 stdlib only: the worker's run script calls `python -m nightlab.fleet.build hash --on-eof` per
-run, started beside the run and hashing once its stdin closes after the command (`sky_task.RUN_SCRIPT`).
+run, started beside the run and hashing once its stdin closes after the command (`fleet/templates/run.sh`).
 """
 
 from __future__ import annotations

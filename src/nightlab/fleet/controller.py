@@ -333,7 +333,7 @@ class Controller:
             command = wrap_command(command, run_dir=run_dir, lab_dir=self.lab_dir)
             env[HARNESS_DIGESTS_ENV] = str(self._digests)
         elif self._scored(backend):
-            # a remote worker wraps the command itself, with its own paths (sky_task.RUN_SCRIPT);
+            # a remote worker wraps the command itself, with its own paths (fleet/templates/run.sh);
             # its digests are its wheel's RECORD, and its code hash must be the controller's
             env["NIGHTLAB_SUPERVISE"] = "1"
         return RunSpec(

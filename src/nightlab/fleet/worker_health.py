@@ -1,6 +1,6 @@
 """Machine health of one remote run, sampled on the worker beside it (`fleet/health.py`'s rules).
 
-A SkyPilot worker runs each experiment through `sky_task.RUN_SCRIPT` (by `sky exec` or by the
+A SkyPilot worker runs each experiment through `fleet/templates/run.sh` (by `sky exec` or by the
 resident runner); the controller cannot see that node's /proc or its GPUs. So the run script
 starts this sampler next to the command, once the run holds its lane's lock:
 

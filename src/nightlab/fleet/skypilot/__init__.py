@@ -44,10 +44,12 @@ monitor), `backend` (`SkyPilotBackend`, the `BaseBackend` interface over both), 
 (`fleet up` / `fleet down`), and for Slurm pools `residents` (one long-lived runner job per
 cluster that runs the experiments back to back instead of one `sky exec` each), `channel` (the
 controller's helper on the runner's node, over ssh + `srun --overlap`) and `resident` (the
-runner and helper themselves, shipped as text). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` and the cost
-accounting `fleet/costs.py`: both keep their paths, because set-up scripts already on
-users' clusters call `python -m nightlab.fleet.sky_task prepare`, and `report`, `status`
-and the supervisor read costs without SkyPilot installed.
+runner and helper themselves, shipped as text). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` (their
+templates in `fleet/templates/`), reading a job's log back `fleet/job_log.py`, the worker's
+set-up entry point `fleet/worker_setup.py` (`python -m nightlab.fleet.sky_task prepare`, which
+set-up scripts already on users' clusters call, still works), and the cost accounting
+`fleet/costs.py` (outside this package: `report`, `status` and the supervisor read costs
+without SkyPilot installed).
 """
 
 from nightlab.fleet.skypilot.backend import SkyPilotBackend

@@ -24,10 +24,10 @@ from nightlab.config import LabConfig, PoolConfig, slots_per_cluster
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.build import Wheel, build_wheel
 from nightlab.fleet.costs import hourly_price
+from nightlab.fleet.job_log import clean_job_log
 from nightlab.fleet.sky_task import (
     WHEEL_DIR,
     _sky,
-    clean_job_log,
     cluster_task,
     load_worker_config,
     pip_override,

@@ -21,7 +21,8 @@ from typing import Any
 
 from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit, RunSpec
-from nightlab.fleet.sky_task import JobLogSink, add_run_keys, job_name, read_health, save_score
+from nightlab.fleet.job_log import JobLogSink, add_run_keys, read_health, save_score
+from nightlab.fleet.sky_task import job_name
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.clusters import Cluster, Clusters
 from nightlab.fleet.skypilot.core import (
@@ -542,7 +543,7 @@ class Jobs:
         add_run_keys(
             run.spec.log_path, tier=run.spec.env.get("NIGHTLAB_TIER", ""), gpu=tags.get("gpu"), code=code
         )
-        # a supervised run's `score.json` (sky_task.save_score); the worker's probe can only mark it down
+        # a supervised run's `score.json` (job_log.save_score); the worker's probe can only mark it down
         sandbox = run.cluster.software.get("sandbox")
         if sandbox is None:  # a cluster an earlier controller launched: its probe is in the ledger
             with self.shared.lock:
