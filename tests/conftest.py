@@ -15,10 +15,12 @@ os.environ.setdefault("NIGHTLAB_MIN_CPU_SHARE", "0")
 
 from labkit import SYNTHETIC_TRAIN, commit, nightlab
 
-# Nothing skipped silently (needs.py) and a stopped run leaves nothing behind (services.py).
+# Nothing skipped silently (needs.py), a stopped run leaves nothing behind (services.py), and the
+# files are shared out to xdist workers with the real-services folder kept whole (scheduling.py).
 from needs import pytest_collection_modifyitems as _needs_collection
 from needs import pytest_configure as _needs_configure
 from needs import pytest_runtest_setup  # noqa: F401
+from scheduling import pytest_xdist_make_scheduler  # noqa: F401
 from services import pytest_configure as _services_configure
 from services import watchdog  # noqa: F401
 
