@@ -3,6 +3,10 @@
 Every key is checked when the lab is opened, so a typo fails at once with the key's name
 instead of deep inside a run. Unknown keys are errors too: a misspelled `timeout` that
 silently fell back to the default would cost a night of GPU time.
+
+The dataclasses are the schema: each field of a section is one key of its table, with its one
+default, its type (from the annotation) and, in its metadata, the check of one value (`_rule`).
+`_read` reads a table by them; what spans several keys is checked by the section's `_parse_*`.
 """
 
 from __future__ import annotations
@@ -10,8 +14,12 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
+from functools import cache
 from pathlib import Path
+from types import UnionType
 from typing import Any
 
 from nightlab.errors import ConfigError
@@ -21,12 +29,65 @@ _SUMMARY_KEY = re.compile(r"[A-Za-z_][\w.\-]*")  # what fleet.runner reads as a 
 _TIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # part of worker names, shown in every table
 FOREIGN_TIMEOUT = 600.0  # autoresearch's rule: a run that takes over 10 minutes is killed
 
+# What is wrong with one value, as the `nightlab.toml: ...` line says it; None when it is fine.
+# It gets the value as the field holds it (a float, a tuple), as written, and the dotted key.
+_Check = Callable[[Any, Any, str], "str | None"]
+
+
+def _rule(ok: Callable[[Any], bool], message: str) -> dict[str, _Check]:
+    """Field metadata: a value `ok` refuses fails with `message`, formatted with `key` (the dotted
+    key), `v` (the value as the field holds it) and `raw` (as written)."""
+
+    def check(v: Any, raw: Any, key: str) -> str | None:
+        return None if ok(v) else message.format(key=key, v=v, raw=raw)
+
+    return {"check": check}
+
+
+def _editable_paths(v: tuple, raw: Any, key: str) -> str | None:
+    if not v or not all(isinstance(e, str) and e for e in v):
+        return f"`{key}` must be a non-empty list of file names"
+    for name in v:
+        # snapshots read these from the working tree: a name must stay inside the lab
+        if name.startswith(("/", "\\")) or ".." in Path(name).parts or "\0" in name or name.strip() != name:
+            return f"`{key}` entry `{name!r}` must be a file path inside the lab, e.g. `train.py` or `src/model.py`"
+    return None
+
+
+def _command_lines(v: dict, raw: Any, key: str) -> str | None:
+    for name, line in v.items():
+        if not isinstance(line, str) or not line.strip():
+            return f"`{key}.{name}` must be a non-empty command line"
+    return None
+
+
+def _gpu_indices(gpus: tuple) -> bool:
+    return all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
+
+
+def _share(v: float) -> bool:
+    return 0 <= v <= 1
+
+
+_SHARE = "`{key}` must be between 0 (off) and 1, got `{v:g}`"
+_W_AND_B_NAME = "`{key}` is `{v!r}`; use letters, digits, `_`, `.`, `-`"
+
+
+def _w_and_b_name(v: str) -> bool:
+    return re.fullmatch(r"[\w.\-]{1,128}", v) is not None  # path segments of a W&B run's page
+
 
 @dataclass(frozen=True)
 class TargetConfig:
-    command: str
-    editable: tuple[str, ...]
-    timeout: float
+    command: str = field(
+        metadata=_rule(
+            lambda v: v.strip() and "\0" not in v, "`{key}` must be a command line, e.g. `python train.py`"
+        )
+    )
+    editable: tuple[str, ...] = field(metadata={"check": _editable_paths})
+    timeout: float = field(
+        default=FOREIGN_TIMEOUT, metadata=_rule(lambda v: v > 0, "`{key}` must be positive, got `{v}`")
+    )
     builtin: bool = False
 
     @property
@@ -50,41 +111,64 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class MetricConfig:
-    name: str = "val_bpb"
-    direction: str = "lower"
+    name: str = field(
+        default="val_bpb",
+        metadata=_rule(
+            _SUMMARY_KEY.fullmatch,
+            "`{key}` is `{v!r}`; it must be a summary key such as `val_bpb` (letters, digits, `_`, `.`, `-`)",
+        ),
+    )
+    direction: str = field(
+        default="lower",
+        metadata=_rule(lambda v: v in ("lower", "higher"), "`{key}` is `{v}`; use `lower` or `higher`"),
+    )
 
     @property
     def lower_is_better(self) -> bool:
         return self.direction == "lower"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     """One group of workers of one tier on one backend."""
 
-    backend: str
-    tier: str
-    slots: int = 1
-    threads: int | None = None
-    gpus: tuple[int, ...] = ()
+    backend: str = field(
+        default="local",
+        metadata=_rule(lambda v: v in ("local", "skypilot"), "`{key}` is `{v}`; use `local` or `skypilot`"),
+    )
+    tier: str = field(metadata=_rule(_TIER.fullmatch, "`{key}` is `{v!r}`; use a name like `h100` or `cpu`"))
+    slots: int = 1  # a skypilot pool's `workers`: its clusters
+    threads: int | None = field(
+        default=None, metadata=_rule(lambda v: v >= 1, "`{key}` must be at least 1, got `{v}`")
+    )
+    gpus: tuple[int, ...] = field(
+        default=(), metadata=_rule(_gpu_indices, "`{key}` must be a list of GPU indices, got `{v!r}`")
+    )
     options: dict[str, Any] = field(default_factory=dict)  # backend-specific keys (accelerators, infra, ...)
     # a screening rung (issue 34): the tier trains this many seconds instead of the profile's budget
-    budget_seconds: float | None = None
+    budget_seconds: float | None = field(
+        default=None,
+        metadata=_rule(
+            lambda v: v > 0, "`{key}` must be a positive number of seconds, e.g. `10`, got `{raw}`"
+        ),
+    )
     promote_to: str | None = None  # the next rung: the tier a run here is promoted to (`nightlab.rungs`)
 
 
 @dataclass(frozen=True)
 class FleetConfig:
-    pools: tuple[PoolConfig, ...]
-    default_tier: str
-    idle_shutdown: float = 900.0
-    retries: int = 2
+    pools: tuple[PoolConfig, ...] = field(metadata={"key": "pool"})  # [[fleet.pool]], see `_parse_pool`
+    default_tier: str  # the first pool's tier when left out
+    idle_shutdown: float = field(
+        default=900.0, metadata=_rule(lambda v: v >= 0, "`{key}` must be 0 or more seconds, got `{v}`")
+    )
+    retries: int = field(default=2, metadata=_rule(lambda v: v >= 0, "`{key}` must be 0 or more, got `{v}`"))
     backup_interval: float = 600.0  # seconds between the controller's online ledger backups
     backups: int = 5  # periodic backups kept in .nightlab/backups/
     # machine health (fleet/health.py): a run that got less of the CPU it asked for, or ran at
     # less of its GPU's max SM clock, is `degraded`; 0 turns the check off
-    min_cpu_share: float = 0.7
-    min_clock_share: float = 0.8
+    min_cpu_share: float = field(default=0.7, metadata=_rule(_share, _SHARE))
+    min_clock_share: float = field(default=0.8, metadata=_rule(_share, _SHARE))
     # allow local slots that together ask for more threads than this machine's cores, or that
     # share a GPU: every run then competes with its neighbours and most end `degraded`
     oversubscribe: bool = False
@@ -99,7 +183,11 @@ class SearchConfig:
     z: float = 2.0
     incumbent_max_age_waves: int = 3
     promote_top_k: int = 3
-    eta: int = 3  # successive halving: a screening run is promoted when it ranks in the top 1/eta
+    # successive halving: a screening run is promoted when it ranks in the top 1/eta
+    eta: int = field(
+        default=3,
+        metadata=_rule(lambda v: v >= 2, "`{key}` must be at least 2 (3 promotes the top third), got `{v}`"),
+    )
 
 
 @dataclass(frozen=True)
@@ -109,12 +197,14 @@ class AgentConfig:
     default: str = "claude"  # the agent `--agent` defaults to
     stall_seconds: float | None = None  # None: derived from target.timeout by the supervisor
     max_restarts_per_hour: int = 6
-    commands: dict[str, str] = field(default_factory=dict)  # agent name -> command line (overrides built-ins)
+    # agent name -> command line (overrides built-ins)
+    commands: dict[str, str] = field(default_factory=dict, metadata={"check": _command_lines})
     # API outage: wait api_backoff_seconds before the first retry, doubling up to the cap
     api_backoff_seconds: float = 30.0
     api_backoff_max_seconds: float = 900.0
     # USD per million tokens for a CLI that reports tokens but no cost (Codex). The defaults are
     # OpenAI's list prices for gpt-5 (2026-12): input 1.25, cached input 0.125, output 10.
+    # In nightlab.toml a table: `[agent.token_prices]` input, cached_input, output (`_parse_agent`).
     token_prices: tuple[float, float, float] = (1.25, 0.125, 10.0)
 
 
@@ -122,9 +212,14 @@ class AgentConfig:
 class WandbConfig:
     """`[trackers.wandb]`: where every finished run is logged in Weights & Biases (docs/trackers.md)."""
 
-    project: str
-    entity: str | None = None  # None: the API key's default entity
-    mode: str = "online"  # online | offline (runs kept under .nightlab/wandb/ for `wandb sync`)
+    project: str = field(metadata=_rule(_w_and_b_name, _W_AND_B_NAME))
+    # None: the API key's default entity
+    entity: str | None = field(default=None, metadata=_rule(_w_and_b_name, _W_AND_B_NAME))
+    # online | offline (runs kept under .nightlab/wandb/ for `wandb sync`)
+    mode: str = field(
+        default="online",
+        metadata=_rule(lambda v: v in ("online", "offline"), "`{key}` is `{v}`; use `online` or `offline`"),
+    )
 
     @property
     def key(self) -> str:
@@ -136,9 +231,23 @@ class WandbConfig:
 class MlflowConfig:
     """`[trackers.mlflow]`: where every finished run is logged in MLflow (docs/trackers.md)."""
 
-    tracking_uri: str  # http(s)://..., or sqlite:///PATH (a relative PATH is the lab's)
-    experiment: str = "nightlab"
-    ui_url: str | None = None  # the MLflow UI the dashboard links to, when the tracking URI is not it
+    # http(s)://..., or sqlite:///PATH (a relative PATH is the lab's)
+    tracking_uri: str = field(
+        metadata=_rule(
+            lambda v: re.match(r"(https?|sqlite|postgresql|mysql|databricks)[+\w]*:", v),
+            "`{key}` is `{v}`; use an MLflow server (`http://host:5000`) or a local store (`sqlite:///mlflow.db`)",
+        )
+    )
+    experiment: str = field(
+        default="nightlab", metadata=_rule(str.strip, "`{key}` is empty; name the MLflow experiment")
+    )
+    # the MLflow UI the dashboard links to, when the tracking URI is not it
+    ui_url: str | None = field(
+        default=None,
+        metadata=_rule(
+            lambda v: re.match(r"https?://", v), "`{key}` is `{v}`; use the MLflow UI's http(s) address"
+        ),
+    )
 
     @property
     def key(self) -> str:
@@ -165,7 +274,10 @@ class LabConfig:
     profile: dict[str, Any] | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     trackers: TrackersConfig = field(default_factory=TrackersConfig)
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"key": None})
+
+
+# --- reading a table by its dataclass ------------------------------------------------------------
 
 
 def _table(doc: dict, key: str, *, required: bool = True) -> dict:
@@ -209,58 +321,97 @@ def _no_unknown(table: dict, where: str, known: set[str]) -> None:
         )
 
 
+@cache
+def _keys(cls: type) -> dict[str, Field]:
+    """The TOML keys of a section: its fields by key (`metadata["key"]`, else the name; None: none)."""
+    return {
+        f.metadata.get("key", f.name): f for f in fields(cls) if f.metadata.get("key", f.name) is not None
+    }
+
+
+@cache
+def _kind(cls: type, name: str) -> tuple[tuple[type, ...], Callable[[Any], Any]]:
+    """The TOML types a field accepts, and how a value becomes the field's (`int` -> `float`,
+    list -> tuple): from the annotation, `X | None` being X left out."""
+    hint = typing.get_type_hints(cls)[name]
+    if isinstance(hint, UnionType):
+        (hint,) = (a for a in typing.get_args(hint) if a is not type(None))
+    base = typing.get_origin(hint) or hint
+    if base is float:
+        return (int, float), float
+    if base is tuple:
+        return (list,), tuple
+    return (base,), (dict if base is dict else lambda v: v)
+
+
+def _value(
+    cls: type, name: str, table: dict, where: str, *, key: str | None = None, default: Any = ...
+) -> Any:
+    """One key of `table` as field `name` of `cls`: typed, checked, the field's default when left out."""
+    f = next(f for f in fields(cls) if f.name == name)
+    if default is ...:
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        default = ... if default is MISSING else default  # required
+    key = key or f.metadata.get("key", name)
+    kinds, convert = _kind(cls, name)
+    raw = _get(table, where, key, kinds, default)
+    if raw is None:  # an optional key left out (TOML has no null)
+        return None
+    value = convert(raw)
+    check = f.metadata.get("check")
+    problem = check(value, raw, f"{where}.{key}") if check is not None else None
+    if problem:
+        raise ConfigError(f"{CONFIG_NAME}: {problem}")
+    return value
+
+
+def _read(
+    cls: type, table: dict, where: str, *, given: dict | None = None, defaults: dict | None = None
+) -> Any:
+    """Table `where` as a `cls`: unknown keys refused, every other field read by `_value`; `given`
+    fields are the caller's (parsed already), `defaults` replace a field's own where it depends
+    on other keys."""
+    _no_unknown(table, where, set(_keys(cls)))
+    values = dict(given or {})
+    for f in _keys(cls).values():
+        if f.name not in values:
+            values[f.name] = _value(cls, f.name, table, where, default=(defaults or {}).get(f.name, ...))
+    return cls(**values)
+
+
+def _fail(message: str) -> typing.NoReturn:
+    raise ConfigError(f"{CONFIG_NAME}: {message}")
+
+
+# --- the sections: what one key's check cannot see -----------------------------------------------
+
+
 def _parse_pool(raw: Any, index: int) -> PoolConfig:
     where = f"fleet.pool[{index}]"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{CONFIG_NAME}: `{where}` must be a table ([[fleet.pool]])")
-    backend = _get(raw, where, "backend", str, "local")
-    tier = _get(raw, where, "tier", str)
-    if not _TIER.fullmatch(tier):
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.tier` is `{tier!r}`; use a name like `h100` or `cpu`")
-    rung = _parse_rung(raw, where)
+        _fail(f"`{where}` must be a table ([[fleet.pool]])")
+    backend = _value(PoolConfig, "backend", raw, where)
+    common = {k: _value(PoolConfig, k, raw, where) for k in ("tier", *_RUNG_KEYS)}
     raw = {k: v for k, v in raw.items() if k not in _RUNG_KEYS}
     if backend == "local":
         _no_unknown(raw, where, {"backend", "tier", "slots", "threads", "gpus"})
-        gpus = tuple(_get(raw, where, "gpus", list, []))
-        if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-            raise ConfigError(f"{CONFIG_NAME}: `{where}.gpus` must be a list of GPU indices, got `{gpus!r}`")
-        slots = _get(raw, where, "slots", int, len(gpus) or 1)
-        threads = _get(raw, where, "threads", int, None)
+        gpus = _value(PoolConfig, "gpus", raw, where)
+        slots = _value(PoolConfig, "slots", raw, where, default=len(gpus) or 1)
+        threads = _value(PoolConfig, "threads", raw, where)
         if gpus and slots != len(gpus):
-            raise ConfigError(
-                f"{CONFIG_NAME}: `{where}.slots` must equal the number of `gpus` or be left out"
-            )
+            _fail(f"`{where}.slots` must equal the number of `gpus` or be left out")
         options: dict[str, Any] = {}
-    elif backend == "skypilot":
-        slots = _get(raw, where, "workers", int, 1)
-        threads = None
-        gpus = ()
+    else:  # skypilot: every other key is the backend's (accelerators, infra, ...)
+        slots = _value(PoolConfig, "slots", raw, where, key="workers")
+        threads, gpus = None, ()
         options = {k: v for k, v in raw.items() if k not in {"backend", "tier", "workers"}}
         _check_slots_per_cluster(options, where)
-    else:
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.backend` is `{backend}`; use `local` or `skypilot`")
     if slots < 1:
-        raise ConfigError(f"{CONFIG_NAME}: `{where}` needs at least one slot, got `{slots}`")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.threads` must be at least 1, got `{threads}`")
-    return PoolConfig(
-        backend=backend, tier=tier, slots=slots, threads=threads, gpus=gpus, options=options, **rung
-    )
+        _fail(f"`{where}` needs at least one slot, got `{slots}`")
+    return PoolConfig(backend=backend, slots=slots, threads=threads, gpus=gpus, options=options, **common)
 
 
 _RUNG_KEYS = ("budget_seconds", "promote_to")
-
-
-def _parse_rung(raw: dict, where: str) -> dict[str, Any]:
-    """A pool's screening-rung keys: `budget_seconds` (its own training budget) and `promote_to`."""
-    budget = _get(raw, where, "budget_seconds", (int, float), None)
-    if budget is not None and not budget > 0:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `{where}.budget_seconds` must be a positive number of seconds, e.g. `10`, "
-            f"got `{budget}`"
-        )
-    promote_to = _get(raw, where, "promote_to", str, None)
-    return {"budget_seconds": None if budget is None else float(budget), "promote_to": promote_to}
 
 
 def _check_rungs(pools: tuple[PoolConfig, ...], profile: Any) -> None:
@@ -366,238 +517,93 @@ def parse_config(doc: dict[str, Any]) -> LabConfig:
     Raises:
         ConfigError: naming the first bad or missing key.
     """
-    _no_unknown(doc, "", {"target", "metric", "fleet", "search", "profile", "agent", "trackers"})
-    t = _table(doc, "target")
-    _no_unknown(t, "target", {"command", "editable", "timeout", "builtin"})
-    editable = _get(t, "target", "editable", list)
-    if not editable or not all(isinstance(e, str) and e for e in editable):
-        raise ConfigError(f"{CONFIG_NAME}: `target.editable` must be a non-empty list of file names")
-    for name in editable:
-        # snapshots read these from the working tree: a name must stay inside the lab
-        if name.startswith(("/", "\\")) or ".." in Path(name).parts or "\0" in name or name.strip() != name:
-            raise ConfigError(
-                f"{CONFIG_NAME}: `target.editable` entry `{name!r}` must be a file path inside the lab, "
-                "e.g. `train.py` or `src/model.py`"
-            )
-    timeout = float(_get(t, "target", "timeout", (int, float), FOREIGN_TIMEOUT))
-    if timeout <= 0:
-        raise ConfigError(f"{CONFIG_NAME}: `target.timeout` must be positive, got `{timeout}`")
-    command = _get(t, "target", "command", str)
-    if not command.strip() or "\0" in command:
-        raise ConfigError(f"{CONFIG_NAME}: `target.command` must be a command line, e.g. `python train.py`")
-    target = TargetConfig(
-        command=command,
-        editable=tuple(editable),
-        timeout=timeout,
-        builtin=_get(t, "target", "builtin", bool, False),
-    )
-
-    m = _table(doc, "metric", required=False)
-    _no_unknown(m, "metric", {"name", "direction"})
-    direction = _get(m, "metric", "direction", str, "lower")
-    if direction not in ("lower", "higher"):
-        raise ConfigError(f"{CONFIG_NAME}: `metric.direction` is `{direction}`; use `lower` or `higher`")
-    metric_name = _get(m, "metric", "name", str, "val_bpb")
-    if not _SUMMARY_KEY.fullmatch(metric_name):
-        raise ConfigError(
-            f"{CONFIG_NAME}: `metric.name` is `{metric_name!r}`; it must be a summary key such as `val_bpb` "
-            "(letters, digits, `_`, `.`, `-`)"
-        )
-    metric = MetricConfig(name=metric_name, direction=direction)
-
-    f = _table(doc, "fleet")
-    _no_unknown(
-        f,
-        "fleet",
-        {
-            "pool",
-            "default_tier",
-            "idle_shutdown",
-            "retries",
-            "backup_interval",
-            "backups",
-            "min_cpu_share",
-            "min_clock_share",
-            "oversubscribe",
-        },
-    )
-    pools_raw = _get(f, "fleet", "pool", list)
-    if not pools_raw:
-        raise ConfigError(f"{CONFIG_NAME}: `fleet.pool` needs at least one [[fleet.pool]] table")
-    pools = tuple(_parse_pool(p, i) for i, p in enumerate(pools_raw))
-    tiers = sorted({p.tier for p in pools})
-    default_tier = _get(f, "fleet", "default_tier", str, pools[0].tier)
-    if default_tier not in tiers:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `fleet.default_tier` is `{default_tier}` but no pool has that tier; "
-            f"tiers: {', '.join(tiers)}"
-        )
-    retries = _get(f, "fleet", "retries", int, 2)
-    if retries < 0:
-        raise ConfigError(f"{CONFIG_NAME}: `fleet.retries` must be 0 or more, got `{retries}`")
-    backup_interval = float(_get(f, "fleet", "backup_interval", (int, float), 600.0))
-    backups = _get(f, "fleet", "backups", int, 5)
-    if not backup_interval > 0 or backups < 1:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `fleet.backup_interval` must be positive and `fleet.backups` at least 1, "
-            f"got `{backup_interval}` and `{backups}`"
-        )
-    idle_shutdown = float(_get(f, "fleet", "idle_shutdown", (int, float), 900.0))
-    if idle_shutdown < 0:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `fleet.idle_shutdown` must be 0 or more seconds, got `{idle_shutdown}`"
-        )
-    shares = {}
-    for key, default in (("min_cpu_share", 0.7), ("min_clock_share", 0.8)):
-        shares[key] = float(_get(f, "fleet", key, (int, float), default))
-        if not 0 <= shares[key] <= 1:
-            raise ConfigError(
-                f"{CONFIG_NAME}: `fleet.{key}` must be between 0 (off) and 1, got `{shares[key]:g}`"
-            )
-    fleet = FleetConfig(
-        pools=pools,
-        default_tier=default_tier,
-        idle_shutdown=idle_shutdown,
-        retries=retries,
-        backup_interval=backup_interval,
-        backups=backups,
-        min_cpu_share=shares["min_cpu_share"],
-        min_clock_share=shares["min_clock_share"],
-        oversubscribe=_get(f, "fleet", "oversubscribe", bool, False),
-    )
-
-    s = _table(doc, "search", required=False)
-    _no_unknown(s, "search", {"z", "incumbent_max_age_waves", "promote_top_k", "eta"})
-    search = SearchConfig(
-        z=float(_get(s, "search", "z", (int, float), 2.0)),
-        incumbent_max_age_waves=_get(s, "search", "incumbent_max_age_waves", int, 3),
-        promote_top_k=_get(s, "search", "promote_top_k", int, 3),
-        eta=_parse_eta(s),
-    )
-    if search.z <= 0 or search.incumbent_max_age_waves < 1 or search.promote_top_k < 1:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `search.z` must be positive and `search.incumbent_max_age_waves` and "
-            f"`search.promote_top_k` at least 1, got `{search.z}`, `{search.incumbent_max_age_waves}` "
-            f"and `{search.promote_top_k}`"
-        )
+    _no_unknown(doc, "", set(_keys(LabConfig)))
+    target = _read(TargetConfig, _table(doc, "target"), "target")
+    metric = _read(MetricConfig, _table(doc, "metric", required=False), "metric")
+    fleet = _parse_fleet(_table(doc, "fleet"))
+    search = _parse_search(_table(doc, "search", required=False))
     profile = doc.get("profile")
     if profile is not None and not isinstance(profile, dict):
-        raise ConfigError(f"{CONFIG_NAME}: `profile` must be a table")
-    _check_rungs(pools, profile)
-
-    a = _table(doc, "agent", required=False)
-    _no_unknown(
-        a,
-        "agent",
-        {
-            "default",
-            "stall_seconds",
-            "max_restarts_per_hour",
-            "commands",
-            "api_backoff_seconds",
-            "api_backoff_max_seconds",
-            "token_prices",
-        },
-    )
-    commands = _get(a, "agent", "commands", dict, {})
-    for name, line in commands.items():
-        if not isinstance(line, str) or not line.strip():
-            raise ConfigError(f"{CONFIG_NAME}: `agent.commands.{name}` must be a non-empty command line")
-    stall = _get(a, "agent", "stall_seconds", (int, float), None)
-    restarts = _get(a, "agent", "max_restarts_per_hour", int, 6)
-    if (stall is not None and stall <= 0) or restarts < 1:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `agent.stall_seconds` must be positive and `agent.max_restarts_per_hour` "
-            f"at least 1, got `{stall}` and `{restarts}`"
-        )
-    backoff = float(_get(a, "agent", "api_backoff_seconds", (int, float), 30.0))
-    backoff_max = float(_get(a, "agent", "api_backoff_max_seconds", (int, float), 900.0))
-    if backoff <= 0 or backoff_max < backoff:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `agent.api_backoff_seconds` must be positive and at most "
-            f"`agent.api_backoff_max_seconds`, got `{backoff}` and `{backoff_max}`"
-        )
-    prices = _get(a, "agent", "token_prices", dict, {})
-    _no_unknown(prices, "agent.token_prices", {"input", "cached_input", "output"})
-    default_prices = dict(zip(("input", "cached_input", "output"), AgentConfig.token_prices, strict=True))
-    token_prices = []
-    for key, default in default_prices.items():
-        value = _get(prices, "agent.token_prices", key, (int, float), default)
-        if value < 0:
-            raise ConfigError(
-                f"{CONFIG_NAME}: `agent.token_prices.{key}` must be >= 0 USD per million tokens"
-            )
-        token_prices.append(float(value))
-    agent = AgentConfig(
-        default=_get(a, "agent", "default", str, "claude"),
-        stall_seconds=None if stall is None else float(stall),
-        max_restarts_per_hour=restarts,
-        commands=dict(commands),
-        api_backoff_seconds=backoff,
-        api_backoff_max_seconds=backoff_max,
-        token_prices=(token_prices[0], token_prices[1], token_prices[2]),
-    )
+        _fail("`profile` must be a table")
+    _check_rungs(fleet.pools, profile)
     return LabConfig(
         target=target,
         metric=metric,
         fleet=fleet,
         search=search,
         profile=profile,
-        agent=agent,
+        agent=_parse_agent(_table(doc, "agent", required=False)),
         trackers=_parse_trackers(_table(doc, "trackers", required=False)),
     )
 
 
-def _parse_eta(s: dict) -> int:
-    """`[search] eta`: successive halving promotes the top 1/eta of a rung (2 or more)."""
-    eta = _get(s, "search", "eta", int, 3)
-    if eta < 2:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `search.eta` must be at least 2 (3 promotes the top third), got `{eta}`"
+def _parse_fleet(f: dict) -> FleetConfig:
+    """`[fleet]` and its `[[fleet.pool]]` tables; the default tier is the first pool's."""
+    _no_unknown(f, "fleet", set(_keys(FleetConfig)))  # a misspelled key first: it explains what follows
+    pools_raw = _get(f, "fleet", "pool", list)
+    if not pools_raw:
+        _fail("`fleet.pool` needs at least one [[fleet.pool]] table")
+    pools = tuple(_parse_pool(p, i) for i, p in enumerate(pools_raw))
+    fleet = _read(FleetConfig, f, "fleet", given={"pools": pools}, defaults={"default_tier": pools[0].tier})
+    if fleet.default_tier not in fleet.tiers:
+        _fail(
+            f"`fleet.default_tier` is `{fleet.default_tier}` but no pool has that tier; "
+            f"tiers: {', '.join(fleet.tiers)}"
         )
-    return eta
+    if not fleet.backup_interval > 0 or fleet.backups < 1:
+        _fail(
+            "`fleet.backup_interval` must be positive and `fleet.backups` at least 1, "
+            f"got `{fleet.backup_interval}` and `{fleet.backups}`"
+        )
+    return fleet
+
+
+def _parse_search(s: dict) -> SearchConfig:
+    search = _read(SearchConfig, s, "search")
+    if search.z <= 0 or search.incumbent_max_age_waves < 1 or search.promote_top_k < 1:
+        _fail(
+            "`search.z` must be positive and `search.incumbent_max_age_waves` and "
+            f"`search.promote_top_k` at least 1, got `{search.z}`, `{search.incumbent_max_age_waves}` "
+            f"and `{search.promote_top_k}`"
+        )
+    return search
+
+
+_PRICES = ("input", "cached_input", "output")  # `[agent.token_prices]`, in `AgentConfig.token_prices`' order
+
+
+def _parse_agent(a: dict) -> AgentConfig:
+    """`[agent]`; its `token_prices` is a table of the three prices, each defaulting to the field's."""
+    _no_unknown(a, "agent", set(_keys(AgentConfig)))
+    prices = _get(a, "agent", "token_prices", dict, {})
+    _no_unknown(prices, "agent.token_prices", set(_PRICES))
+    token_prices = []
+    for key, default in zip(_PRICES, AgentConfig.token_prices, strict=True):
+        value = _get(prices, "agent.token_prices", key, (int, float), default)
+        if value < 0:
+            _fail(f"`agent.token_prices.{key}` must be >= 0 USD per million tokens")
+        token_prices.append(float(value))
+    agent = _read(AgentConfig, a, "agent", given={"token_prices": tuple(token_prices)})
+    if (agent.stall_seconds is not None and agent.stall_seconds <= 0) or agent.max_restarts_per_hour < 1:
+        _fail(
+            "`agent.stall_seconds` must be positive and `agent.max_restarts_per_hour` "
+            f"at least 1, got `{a.get('stall_seconds')}` and `{agent.max_restarts_per_hour}`"
+        )
+    if agent.api_backoff_seconds <= 0 or agent.api_backoff_max_seconds < agent.api_backoff_seconds:
+        _fail(
+            "`agent.api_backoff_seconds` must be positive and at most `agent.api_backoff_max_seconds`, "
+            f"got `{agent.api_backoff_seconds}` and `{agent.api_backoff_max_seconds}`"
+        )
+    return agent
 
 
 def _parse_trackers(t: dict) -> TrackersConfig:
     """`[trackers.wandb]` and `[trackers.mlflow]`; the libraries are imported only when a run is sent."""
-    _no_unknown(t, "trackers", {"wandb", "mlflow"})
-    wandb = mlflow = None
-    if "wandb" in t:
-        w = _table(t, "wandb")
-        _no_unknown(w, "trackers.wandb", {"project", "entity", "mode"})
-        project = _get(w, "trackers.wandb", "project", str)
-        entity = _get(w, "trackers.wandb", "entity", str, None)
-        mode = _get(w, "trackers.wandb", "mode", str, "online")
-        if mode not in ("online", "offline"):
-            raise ConfigError(f"{CONFIG_NAME}: `trackers.wandb.mode` is `{mode}`; use `online` or `offline`")
-        for name, value in (("project", project), ("entity", entity)):
-            # W&B names are path segments of the run's page: no slashes, no blanks
-            if value is not None and not re.fullmatch(r"[\w.\-]{1,128}", value):
-                raise ConfigError(
-                    f"{CONFIG_NAME}: `trackers.wandb.{name}` is `{value!r}`; use letters, digits, `_`, `.`, `-`"
-                )
-        wandb = WandbConfig(project=project, entity=entity, mode=mode)
-    if "mlflow" in t:
-        m = _table(t, "mlflow")
-        _no_unknown(m, "trackers.mlflow", {"tracking_uri", "experiment", "ui_url"})
-        uri = _get(m, "trackers.mlflow", "tracking_uri", str)
-        if not re.match(r"(https?|sqlite|postgresql|mysql|databricks)[+\w]*:", uri):
-            raise ConfigError(
-                f"{CONFIG_NAME}: `trackers.mlflow.tracking_uri` is `{uri}`; use an MLflow server "
-                "(`http://host:5000`) or a local store (`sqlite:///mlflow.db`)"
-            )
-        experiment = _get(m, "trackers.mlflow", "experiment", str, "nightlab")
-        ui_url = _get(m, "trackers.mlflow", "ui_url", str, None)
-        if not experiment.strip():
-            raise ConfigError(
-                f"{CONFIG_NAME}: `trackers.mlflow.experiment` is empty; name the MLflow experiment"
-            )
-        if ui_url is not None and not re.match(r"https?://", ui_url):
-            raise ConfigError(
-                f"{CONFIG_NAME}: `trackers.mlflow.ui_url` is `{ui_url}`; use the MLflow UI's http(s) address"
-            )
-        mlflow = MlflowConfig(tracking_uri=uri, experiment=experiment, ui_url=ui_url)
-    return TrackersConfig(wandb=wandb, mlflow=mlflow)
+    _no_unknown(t, "trackers", set(_keys(TrackersConfig)))
+    return TrackersConfig(
+        wandb=_read(WandbConfig, _table(t, "wandb"), "trackers.wandb") if "wandb" in t else None,
+        mlflow=_read(MlflowConfig, _table(t, "mlflow"), "trackers.mlflow") if "mlflow" in t else None,
+    )
 
 
 def load_config(path: Path) -> LabConfig:
