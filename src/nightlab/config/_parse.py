@@ -33,26 +33,26 @@ def _table(doc: dict, key: str, *, required: bool = True) -> dict:
     value = doc.get(key)
     if value is None:
         if required:
-            raise ConfigError(f"{CONFIG_NAME}: missing table `[{key}]`; see README 'Configuration'")
+            _fail(f"missing table `[{key}]`; see README 'Configuration'")
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{CONFIG_NAME}: `{key}` must be a table")
+        _fail(f"`{key}` must be a table")
     return value
 
 
 def _get(table: dict, where: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     if key not in table:
         if default is ...:
-            raise ConfigError(f"{CONFIG_NAME}: missing key `{where}.{key}`")
+            _fail(f"missing key `{where}.{key}`")
         return default
     value = table[key]
     # bool is an int subclass: `slots = true` must not pass as 1
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
-    if not isinstance(value, kind):
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
+    # bool is an int subclass: `slots = true` must not pass as 1
+    bool_refused = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    if bool_refused or not isinstance(value, kind):
+        _fail(f"`{where}.{key}` must be {_kind_name(kind)}, got `{value!r}`")
     if isinstance(value, float) and not math.isfinite(value):  # TOML allows nan and inf
-        raise ConfigError(f"{CONFIG_NAME}: `{where}.{key}` must be a finite number, got `{value!r}`")
+        _fail(f"`{where}.{key}` must be a finite number, got `{value!r}`")
     return value
 
 
@@ -65,17 +65,13 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 def _no_unknown(table: dict, where: str, known: set[str]) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ConfigError(
-            f"{CONFIG_NAME}: unknown key `{where}.{unknown[0]}`; known keys: {', '.join(sorted(known))}"
-        )
+        _fail(f"unknown key `{where}.{unknown[0]}`; known keys: {', '.join(sorted(known))}")
 
 
 @cache
 def _keys(cls: type) -> dict[str, Field]:
-    """The TOML keys of a section: its fields by key (`metadata["key"]`, else the name; None: none)."""
-    return {
-        f.metadata.get("key", f.name): f for f in fields(cls) if f.metadata.get("key", f.name) is not None
-    }
+    """The TOML keys of a section: its fields by key (`metadata["key"]`, else the field's name)."""
+    return {f.metadata.get("key", f.name): f for f in fields(cls)}
 
 
 @cache
@@ -110,7 +106,7 @@ def _value(
     check = f.metadata.get("check")
     problem = check(value, raw, f"{where}.{key}") if check is not None else None
     if problem:
-        raise ConfigError(f"{CONFIG_NAME}: {problem}")
+        _fail(problem)
     return value
 
 
@@ -169,8 +165,8 @@ def _check_rungs(pools: tuple[PoolConfig, ...], profile: Any) -> None:
     for p in pools:
         first = by_tier.setdefault(p.tier, p)
         if (first.budget_seconds, first.promote_to) != (p.budget_seconds, p.promote_to):
-            raise ConfigError(
-                f"{CONFIG_NAME}: the pools of tier `{p.tier}` disagree on `budget_seconds` / `promote_to`; "
+            _fail(
+                f"the pools of tier `{p.tier}` disagree on `budget_seconds` / `promote_to`; "
                 "give every [[fleet.pool]] of one tier the same values"
             )
     full = profile.get("budget_seconds") if isinstance(profile, dict) else None
@@ -178,28 +174,28 @@ def _check_rungs(pools: tuple[PoolConfig, ...], profile: Any) -> None:
         if p.budget_seconds is None and p.promote_to is None:
             continue
         if p.budget_seconds is not None and not isinstance(full, (int, float)):
-            raise ConfigError(
-                f"{CONFIG_NAME}: tier `{tier}` sets `budget_seconds`, which only the built-in target's "
+            _fail(
+                f"tier `{tier}` sets `budget_seconds`, which only the built-in target's "
                 "clock obeys; remove it (a foreign target keeps its own budget)"
             )
         if p.budget_seconds is not None and isinstance(full, (int, float)) and p.budget_seconds > full:
-            raise ConfigError(
-                f"{CONFIG_NAME}: tier `{tier}` has `budget_seconds = {p.budget_seconds:g}`, more than the "
+            _fail(
+                f"tier `{tier}` has `budget_seconds = {p.budget_seconds:g}`, more than the "
                 f"profile's {full:g} s; a rung screens with a shorter budget, e.g. `{full / 3:g}`"
             )
         if p.promote_to is None:
             continue
         if p.promote_to not in by_tier or p.promote_to == tier:
-            raise ConfigError(
-                f"{CONFIG_NAME}: tier `{tier}` has `promote_to = {p.promote_to!r}`, which is not another "
+            _fail(
+                f"tier `{tier}` has `promote_to = {p.promote_to!r}`, which is not another "
                 f"tier; tiers: {', '.join(sorted(by_tier))}"
             )
         mine = p.budget_seconds if p.budget_seconds is not None else full
         nxt = by_tier[p.promote_to].budget_seconds
         nxt = nxt if nxt is not None else full
         if isinstance(mine, (int, float)) and isinstance(nxt, (int, float)) and not mine < nxt:
-            raise ConfigError(
-                f"{CONFIG_NAME}: tier `{tier}` ({mine:g} s) promotes to `{p.promote_to}` ({nxt:g} s); "
+            _fail(
+                f"tier `{tier}` ({mine:g} s) promotes to `{p.promote_to}` ({nxt:g} s); "
                 "the next rung must have a longer budget: give the screening tier a smaller `budget_seconds`"
             )
 
@@ -212,13 +208,11 @@ def _check_slots_per_cluster(options: dict[str, Any], where: str) -> None:
     gpus = cluster_gpus(options.get("accelerators"))
     whole = gpus is not None and gpus >= 1 and gpus == int(gpus)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(
-            f"{CONFIG_NAME}: `{where}.slots_per_cluster` must be a whole number of at least 1, got `{value!r}`"
-        )
+        _fail(f"`{where}.slots_per_cluster` must be a whole number of at least 1, got `{value!r}`")
     if value > 1 and not (whole and int(gpus) % value == 0):  # type: ignore[arg-type]
         have = options.get("accelerators")
-        raise ConfigError(
-            f"{CONFIG_NAME}: `{where}.slots_per_cluster = {value}` must divide the GPUs of each cluster "
+        _fail(
+            f"`{where}.slots_per_cluster = {value}` must divide the GPUs of each cluster "
             f"(`accelerators = {have!r}`); use a divisor of its GPU count, or leave it out (one slot per GPU)"
         )
 

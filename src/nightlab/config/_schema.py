@@ -264,7 +264,6 @@ class LabConfig:
     profile: dict[str, Any] | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     trackers: TrackersConfig = field(default_factory=TrackersConfig)
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"key": None})
 
 
 def cluster_gpus(accelerators: Any) -> float | None:
