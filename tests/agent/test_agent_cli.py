@@ -12,7 +12,7 @@ import time
 import pytest
 from agent_support import seen_dir, stand_in
 
-from labkit import nightlab
+from labkit import nightlab, wait_until
 
 seen = pytest.fixture(seen_dir)
 
@@ -48,9 +48,12 @@ def test_background_status_and_stop(make_lab, seen):
     assert "no agent supervisor was running" in nightlab("agent", "stop", cwd=lab).stderr
     pid = int(nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab).stdout)
     try:
-        deadline = time.time() + 20
-        while not (state := status(lab)).get("agent_pid") and time.time() < deadline:
-            time.sleep(0.1)
+        state = wait_until(
+            lambda: (s := status(lab)).get("agent_pid") and s,
+            timeout=20,
+            interval=0.1,
+            what="the agent's pid",
+        )
         assert state["running"] and state["status"] == "running" and state["pid"] == pid
         assert state["agent_alive"] and state["session"] == 1 and state["agent"] == "custom"
         again = nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab, check=False)
