@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from agent_support import seen_dir, stand_in
@@ -87,10 +86,10 @@ def test_ctrl_c_stops_a_foreground_run_and_its_agent(make_lab, seen):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 20
-    while not (seen / "env-1.json").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    try:
+        wait_until(lambda: (seen / "env-1.json").exists(), timeout=20, what="the first session")
+    finally:
+        proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err  # Ctrl-C exits 130, as `wait` and `search` do (README)
     assert out == "stopped\n"
