@@ -40,7 +40,7 @@ SLOW_FIRST = (
     "tests/search_lab/test_search_cli.py",
     "tests/fleet/test_skypilot_fleet.py",
     "tests/agent_real/test_real_failures.py",
-    "tests/core/test_fleet.py",
+    "tests/fleet/test_fleet.py",
     "tests/harness/test_train.py",
     "tests/demo/",
     "tests/fleet/test_attempt_processes.py",
@@ -48,7 +48,7 @@ SLOW_FIRST = (
     "tests/harness/test_tune.py",
     "tests/agent/test_supervisor.py",
     "tests/reliability/test_controller_kills.py",
-    "tests/core/test_health_fleet.py",
+    "tests/fleet/test_health_fleet.py",
 )
 
 

@@ -109,11 +109,15 @@ def wait_json(lab: Path, *ids: str, timeout: float = 60) -> list[dict]:
     return json.loads(proc.stdout)
 
 
-def wait_until(predicate, timeout: float = 30, interval: float = 0.05):
+def wait_until(predicate, timeout: float = 30, interval: float = 0.05, what: str = "the condition"):
+    """The tests' one polling loop: `predicate()`'s first truthy value, asked every `interval` s;
+    AssertionError naming `what` when it is still falsy after `timeout` s (asked once more at the end)."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
+    while True:
         value = predicate()
-        if value:
-            return value
+        if value or time.time() >= deadline:
+            break
         time.sleep(interval)
-    raise AssertionError("condition not met in time")
+    if not value:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return value

@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from agent_support import seen_dir, stand_in
 
-from labkit import nightlab
+from labkit import nightlab, wait_until
 
 seen = pytest.fixture(seen_dir)
 
@@ -48,9 +47,12 @@ def test_background_status_and_stop(make_lab, seen):
     assert "no agent supervisor was running" in nightlab("agent", "stop", cwd=lab).stderr
     pid = int(nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab).stdout)
     try:
-        deadline = time.time() + 20
-        while not (state := status(lab)).get("agent_pid") and time.time() < deadline:
-            time.sleep(0.1)
+        state = wait_until(
+            lambda: (s := status(lab)).get("agent_pid") and s,
+            timeout=20,
+            interval=0.1,
+            what="the agent's pid",
+        )
         assert state["running"] and state["status"] == "running" and state["pid"] == pid
         assert state["agent_alive"] and state["session"] == 1 and state["agent"] == "custom"
         again = nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab, check=False)
@@ -84,10 +86,10 @@ def test_ctrl_c_stops_a_foreground_run_and_its_agent(make_lab, seen):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 20
-    while not (seen / "env-1.json").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    try:
+        wait_until(lambda: (seen / "env-1.json").exists(), timeout=20, what="the first session")
+    finally:
+        proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err  # Ctrl-C exits 130, as `wait` and `search` do (README)
     assert out == "stopped\n"

@@ -15,7 +15,7 @@ import time
 import pytest
 from agent_support import seen_dir, stand_in
 
-from labkit import nightlab, wait_json
+from labkit import nightlab, wait_json, wait_until
 from nightlab.agent.commands import BUILTIN_AGENTS, default_stall_seconds, resolve_agent
 from nightlab.agent.control import read_state
 from nightlab.agent.supervisor import Limits, Supervisor, restart_delay
@@ -105,9 +105,9 @@ def test_a_stop_request_ends_the_backoff(make_lab, seen):
     thread = threading.Thread(target=lambda: result.append(supervisor.run()))
     thread.start()
     try:
-        deadline = time.time() + 60
-        while ((read_state(lab) or {}).get("restarts_total") or 0) < 1 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(
+            lambda: (read_state(lab) or {}).get("restarts_total"), timeout=60, what="the first restart"
+        )
     finally:
         supervisor.request_stop()
         thread.join(60)
@@ -193,9 +193,7 @@ def test_a_second_supervisor_is_refused_and_a_stop_request_stops_the_first(make_
     thread = threading.Thread(target=lambda: result.append(first.run()))
     thread.start()
     try:
-        deadline = time.time() + 20
-        while not (seen / "env-1.json").exists() and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: (seen / "env-1.json").exists(), timeout=20, what="the first session")
         with pytest.raises(NightlabError, match="already runs for this lab"):
             Supervisor(lab, command, Limits()).run()
         assert read_state(lab)["status"] == "running"

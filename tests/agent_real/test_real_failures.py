@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
-from real_support import CLIS, agent_run, cli_env, finish, state, stop, wait_for
+from real_support import CLIS, agent_run, cli_env, finish, state, stop
 from scripted_server import ResearchPolicy, ScriptedServer
 
-from labkit import commit, nightlab, wait_json
+from labkit import commit, nightlab, wait_json, wait_until
 
 OUTAGE = {"claude": "529", "codex": "500"}
 
@@ -79,8 +79,11 @@ def test_an_api_outage_is_waited_out_with_backoff_and_the_fleet_keeps_running(
         env = cli_env(cli, server.url, tmp_path / "home", bins)
         proc = agent_run(net, lab, env, "--agent", cli, "--max-experiments", "1", "--stall-seconds", "60")
         try:
-            wait_for(
-                lambda: (state(lab).get("api") or {}).get("failures", 0) >= 3, 60, "three failed sessions"
+            wait_until(
+                lambda: (state(lab).get("api") or {}).get("failures", 0) >= 3,
+                timeout=60,
+                interval=0.1,
+                what="three failed sessions",
             )
             st = state(lab)
             assert st["api"]["delay"] == 2.0  # 1 s, 2 s, then capped at 2 s
@@ -202,12 +205,13 @@ def test_max_cost_stops_the_agent_not_the_fleet(cli, make_lab, bins, net, tmp_pa
     slow = nightlab("submit", "-m", "slow", "--set", "SLEEP=4", cwd=lab).stdout.split()[0]
     # `submit` starts the controller in the background: wait until it has registered, or a
     # status taken while it is still starting reads "not running"
-    controller = wait_for(
+    controller = wait_until(
         lambda: (
             # running with a pid: while it starts, status says running before the pid is written
             (c := json.loads(nightlab("status", "--json", cwd=lab).stdout)["controller"])["pid"] and c
         ),
         timeout=30,
+        interval=0.1,
         what="the controller that submit started",
     )
     with net.call(ScriptedServer, ResearchPolicy(per_session=1)) as server:

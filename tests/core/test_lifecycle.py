@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import wait_until
 from nightlab.agent import control
 from nightlab.fleet import daemon, local
 from nightlab.lifecycle import START_GRACE, Singleton, alive, group_alive
@@ -85,12 +86,8 @@ def test_both_background_processes_follow_one_rule(kind, lab, procs):
     proc = owner(process, lab, start=1.0)
     procs.append(proc)
     # started and not yet holding its pid: starting (-1), for both kinds alike
-    deadline = time.time() + 10
-    while running(lab, kind) != -1 and time.time() < deadline:
-        time.sleep(0.01)
-    assert running(lab, kind) == -1
-    while running(lab, kind) == -1 and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: running(lab, kind) == -1, timeout=10, interval=0.01, what="the starting mark")
+    wait_until(lambda: running(lab, kind) != -1, timeout=10, interval=0.01, what="the published pid")
     assert running(lab, kind) == proc.pid == read_pid(process.pid_path)
     assert not process.starting_path.exists()  # the owner took over from the starter's note
     assert process.stop(timeout=10) == proc.pid
@@ -105,12 +102,12 @@ def test_a_stop_while_it_starts_is_not_lost(kind, moment, lab, procs):
     proc = owner(process, lab, start=1.5)
     procs.append(proc)
     if moment == "holding-the-lock":  # it handles SIGTERM now but has not published its pid
-        deadline = time.time() + 10
-        while time.time() < deadline:
+
+        def held() -> bool:
             with try_lock(process.lock_path) as got:
-                if got is None:
-                    break
-            time.sleep(0.01)
+                return got is None
+
+        wait_until(held, timeout=10, interval=0.01, what="the owner holding its lock")
     # the stop comes before the owner published its pid: it signals the pid the starter noted,
     # or waits for the published one; either way the owner stops
     t0 = time.time()
@@ -201,13 +198,16 @@ def test_status_says_starting_and_names_no_stale_pid_while_the_controller_starts
         assert controller_state(opened)["pid"] == 999_999  # stopped: the last one's pid
         proc = owner(daemon.process(lab), lab, start=1.0)
         procs.append(proc)
-        deadline = time.time() + 10
-        while not controller_state(opened)["starting"] and time.time() < deadline:
-            time.sleep(0.01)
-        state = controller_state(opened)
+        state = wait_until(
+            lambda: (s := controller_state(opened))["starting"] and s,
+            timeout=10,
+            interval=0.01,
+            what="the starting state",
+        )
         assert state["starting"] and state["running"] and state["pid"] is None
-        while controller_state(opened)["starting"] and time.time() < deadline:
-            time.sleep(0.01)
+        wait_until(
+            lambda: not controller_state(opened)["starting"], timeout=10, interval=0.01, what="the pid"
+        )
         state = controller_state(opened)
         assert state["running"] and not state["starting"] and state["pid"] == proc.pid
         assert daemon.process(lab).stop(timeout=10) == proc.pid

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from labkit import wait_until
 from nightlab.harness.cache import DataError, DataNotPreparedError, load_manifest, open_split
 from nightlab.harness.loader import BestFitPacker, pack_reference, train_batches, val_batches
 
@@ -168,9 +168,7 @@ def test_prefetch_thread_stops_with_the_iterator(cpu_data: Path):
     next(it)
     assert loaders() == before + 1
     it.close()
-    deadline = time.time() + 5
-    while loaders() > before and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: loaders() <= before, timeout=5, interval=0.01, what="the loader thread's end")
     assert loaders() == before
 
 

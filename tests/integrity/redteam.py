@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -231,12 +230,3 @@ def honest_local(tmp_path_factory: pytest.TempPathFactory, data_root: Path, loca
         return done[name]
 
     return get
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()

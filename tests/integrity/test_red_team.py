@@ -13,7 +13,10 @@ import json
 import zipfile
 from pathlib import Path
 
-from redteam import SANDBOXED, edit, needs_sandbox, template, wait_for
+import pytest
+from redteam import SANDBOXED, edit, needs_sandbox, template
+
+from labkit import wait_until
 
 HAND_IN = "score = hand_in(model, batches).score"
 BATCHES = "batches = training_batches(profile, DEVICE_BATCH_SIZE, accel.device, seed=seed)"
@@ -245,7 +248,10 @@ def test_a_process_left_behind_cannot_rewrite_the_result(attack, honest):
     run = attack(edit(template(), HAND_IN, daemon))
     assert run.metrics["sandbox"] == "bwrap", run.metrics.get("unsandboxed")
     assert run.outcome == "ok" and run.val_bpb == honest.val_bpb
-    assert not wait_for(lambda: (run.work / "late.txt").exists(), timeout=5)
+    with pytest.raises(AssertionError, match="the daemon's late write"):  # it never lands
+        wait_until(
+            lambda: (run.work / "late.txt").exists(), timeout=5, interval=0.2, what="the daemon's late write"
+        )
     assert json.loads((run.run_dir / "score.json").read_text())["val_bpb"] == honest.val_bpb
 
 

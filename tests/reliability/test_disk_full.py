@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import wait_until
 from nightlab.testing.reliability import (
     audit,
     make_fast_lab,
@@ -120,11 +121,12 @@ def test_full_disk_while_a_log_is_written(small_disk):
     set_faults(lab, eid, "big")  # attempt 1 writes 64 MiB of log into 24 MiB; attempt 2 is fine
     nightlab("fleet", "start", cwd=lab)
     run_dir = lab / ".nightlab" / "runs" / eid / "attempt-1"
-    deadline = time.time() + 60
-    while time.time() < deadline:  # the target ends (its log hit the full disk)
-        if (run_dir / "exit.tmp").exists() or (run_dir / "exit").exists():
-            break
-        time.sleep(0.1)
+    wait_until(  # the target ends (its log hit the full disk)
+        lambda: (run_dir / "exit.tmp").exists() or (run_dir / "exit").exists(),
+        timeout=60,
+        interval=0.1,
+        what="the end of attempt 1",
+    )
     # the controller cannot record it on a full disk: it stops, and status brings it back
     proc = nightlab("status", cwd=lab, check=False)
     assert "Traceback" not in proc.stderr, proc.stderr

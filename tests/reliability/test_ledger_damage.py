@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from labkit import wait_until
 from nightlab.ledger import backup
 from nightlab.testing.reliability import controller_pid, nightlab, set_faults, submit_many, wait_finished
 
@@ -182,12 +183,11 @@ def test_doctor_names_a_dead_controller_its_leases_and_missing_refs(fast_lab):
     nightlab("fleet", "start", cwd=lab)
     from nightlab.ledger import open_ledger
 
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    def started() -> bool:
         with open_ledger(lab) as ledger:
-            if len([a for a in ledger.open_attempts() if a.handle.get("pid")]) == 2:
-                break
-        time.sleep(0.05)
+            return len([a for a in ledger.open_attempts() if a.handle.get("pid")]) == 2
+
+    wait_until(started, timeout=30, what="two attempts with their pids")
     os.kill(controller_pid(lab), signal.SIGKILL)
     subprocess.run(["git", "update-ref", "-d", f"refs/nightlab/{ids[2]}"], cwd=lab, check=True)
     proc = nightlab("doctor", cwd=lab, check=False)
@@ -238,9 +238,7 @@ def test_restore_recovers_what_the_lab_proves_and_never_reuses_an_id(fast_lab):
     first = _submit(lab, "first", 0)
     wait_finished(lab, [first])
     second = _submit(lab, "second", 1)
-    deadline = time.time() + 120
-    while _status_of(lab, second) != "running" and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: _status_of(lab, second) == "running", timeout=120, what=f"{second} running")
     # the controller's copy, taken mid-run: it holds the controller's row and a run in flight
     taken = backup.take_backup(db)
     wait_finished(lab, [second])

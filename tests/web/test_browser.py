@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import pytest
 
+from labkit import wait_until
 from needs import chromium_path
 
 CHROMIUM_ARGS = [
@@ -46,10 +46,7 @@ def server(night_lab):
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
+    wait_until(lambda: srv.started, timeout=20, what="uvicorn to start")
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=10)

@@ -126,7 +126,7 @@ class _LabLoop:
         self.metric = lab.config.metric.name
         self.names = [d.name for d in dims]
         self.floor_ids: list[str] = []  # the noise floor's runs, in flight with the first wave
-        self.judge_ = lab.judge()
+        self.judge = lab.judge()  # the one reader of verdicts: noise floor, incumbent values, best of a wave
         self.reruns = Reruns(lab.ledger)  # degraded runs followed to their one re-run
 
     # --- the ledger view of this search
@@ -200,7 +200,7 @@ class _LabLoop:
         do not idle through a round of three runs; when they all failed, again alongside the next
         wave (`submit`). Returns how many are in flight.
         """
-        if self.floor_ids or self.judge_.sigma(self.plan.tier) is not None:
+        if self.floor_ids or self.judge.sigma(self.plan.tier) is not None:
             return len(self.floor_ids)
         tree, tier = self.lab.head_tree(), self.plan.tier
         # an interrupted search may have submitted them already
@@ -215,7 +215,7 @@ class _LabLoop:
         return len(pending)
 
     def report_noise_floor(self, runs: Sequence[Experiment]) -> None:
-        sigma = self.judge_.sigma(self.plan.tier)
+        sigma = self.judge.sigma(self.plan.tier)
         if sigma is not None:
             self.note(f"noise floor on {self.plan.tier}: {sigma:.6f}")
             return
@@ -439,7 +439,7 @@ class _LabLoop:
                 return
             time.sleep(min(self.poll, 0.5))
 
-    def judge(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
+    def pick_best(self, wave_id: str, observations: list[Any]) -> tuple[str, Any] | None:
         """The wave's best candidate on the validation tier and its decision (None: nothing to judge)."""
         lab, plan = self.lab, self.plan
         inc = lab.incumbent()
@@ -458,7 +458,7 @@ class _LabLoop:
             if e.tier == plan.tier
         }
         candidates = {rep: tree for tree, rep in trees.items() if tree in judged}
-        return self.judge_.best_of_wave(candidates, plan.tier, inc)
+        return self.judge.best_of_wave(candidates, plan.tier, inc)
 
     def settle(self, wave_id: str, rep: str, decision: Any) -> bool:
         """Run the repeats that would settle a within-noise best, once per wave; False when out of reach."""
@@ -474,7 +474,7 @@ class _LabLoop:
             # the candidate has the runs a keep needs and the incumbent those of a floor
             tree = lab.ledger.get(rep).tree
             needed = runs_without_floor(
-                len(self.judge_.values(tree, plan.tier)), len(self.judge_.values(lab.head_tree(), plan.tier))
+                len(self.judge.values(tree, plan.tier)), len(self.judge.values(lab.head_tree(), plan.tier))
             )
         if needed is None:
             self.note(
@@ -502,12 +502,12 @@ class _LabLoop:
 
     def decide(self, wave_id: str, observations: list[Any]) -> tuple[Any, str | None]:
         lab = self.lab
-        picked = self.judge(wave_id, observations)
+        picked = self.pick_best(wave_id, observations)
         within = picked is not None and picked[1].verdict == Verdict.WITHIN_NOISE
         if within and self.plan.settle and self.settle(wave_id, *picked):
-            picked = self.judge(wave_id, observations)
+            picked = self.pick_best(wave_id, observations)
         if picked is None:
-            has_incumbent = bool(self.judge_.values(lab.head_tree(), self.plan.tier))
+            has_incumbent = bool(self.judge.values(lab.head_tree(), self.plan.tier))
             verdict = "no candidate" if has_incumbent else "incumbent unmeasured"
             self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
             return None, verdict

@@ -2,7 +2,7 @@
 the real problem, `wait --json` on a timeout, `status` time left, `waves` counts, readable figures,
 per-tier results files and a clean `git status` after a report.
 
-Run: .venv/bin/python -m pytest -q tests/core/test_newcomer.py
+Run: .venv/bin/python -m pytest -q tests/cli/test_newcomer.py
 """
 
 from __future__ import annotations
