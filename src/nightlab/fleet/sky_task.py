@@ -109,7 +109,7 @@ def _sky():
 
 
 def check_pool(pool: PoolConfig) -> None:
-    """Refuse unknown keys of a skypilot pool (config.py passes them through as `options`)."""
+    """Refuse unknown keys of a skypilot pool (`nightlab.config` passes them through as `options`)."""
     unknown = sorted(set(pool.options) - POOL_OPTIONS)
     if unknown:
         raise UsageError(

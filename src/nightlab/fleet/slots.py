@@ -24,7 +24,7 @@ def _slots_of(pool: PoolConfig, *, cpu_slots: int | None = None) -> list[WorkerS
         from nightlab.fleet.skypilot import skypilot_slots
 
         return skypilot_slots(pool)
-    raise NightlabError(f"unknown backend `{pool.backend}`")  # config.py already refuses other names
+    raise NightlabError(f"unknown backend `{pool.backend}`")  # `nightlab.config` already refuses other names
 
 
 def build_slots(
