@@ -349,15 +349,16 @@ def test_each_slot_s_run_is_sampled_on_its_node_and_a_starved_one_is_degraded_an
     calm = [submit(lab, f"calm {i}", "h100", SLEEP="1", LR=f"0.0{i + 1}") for i in range(2)]
     with ControllerThread(lab):
         exps = finished(lab, [starved, *calm], timeout=120)
-        wait_until(lambda: events(lab, "degraded-again"), timeout=120)  # its re-run starved too
+        rerun = wait_until(lambda: [e.experiment_id for e in events(lab, "rerun") if e.data["of"] == starved])
+        again = finished(lab, rerun, timeout=120)  # it starves itself again: degraded, no third run
     first = attempts(lab, starved)[0]
     assert exps[starved].outcome == "degraded" and first.failure == "degraded"
     assert first.detail.startswith("starved: "), first.detail
     health = exps[starved].health
     assert health["degraded"] and health["got_share"] < 0.6 and health["threshold"] == 0.7
     assert health["cpu_seconds"] >= 2.0 and health["samples"] >= 1
-    (rerun,) = events(lab, "rerun")
-    assert rerun.data["of"] == starved
+    # one re-run, degraded again (a calm lane may be re-run too on a machine this loaded: 0.7 holds here)
+    assert len(rerun) == 1 and again[rerun[0]].outcome == "degraded"
     # the lanes beside it were sampled too, each its own run only (a sleep: little CPU)
     for i in calm:
         assert exps[i].health is not None and exps[i].health["cpu_seconds"] < 1.0, exps[i].health
