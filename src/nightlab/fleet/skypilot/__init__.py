@@ -45,8 +45,9 @@ monitor), `backend` (`SkyPilotBackend`, the `BaseBackend` interface over both), 
 cluster lane that runs the experiments back to back instead of one `sky exec` each),
 `runner_job` (that job: its shipped source, its task, finding it by name), `feeds` (the runs
 handed to a runner and read back), `channel` (the controller's helper on the runner's node, over
-ssh + `srun --overlap`) and `resident` (the runner and helper themselves, shipped as text). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` and the cost
-accounting `fleet/costs.py`: both keep their paths, because set-up scripts already on
+ssh + `srun --overlap`) and `resident` (the runner and helper themselves, shipped as text).
+Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` and the
+cost accounting `fleet/costs.py`: both keep their paths, because set-up scripts already on
 users' clusters call `python -m nightlab.fleet.sky_task prepare`, and `report`, `status`
 and the supervisor read costs without SkyPilot installed.
 """

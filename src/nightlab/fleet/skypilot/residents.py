@@ -320,6 +320,11 @@ class Residents:
                 self.retire(other, "another runner is the cluster's now")
 
     def give_up(self, cluster: Cluster, res: Resident | None, error: BaseException) -> None:
+        """No runner on the cluster: it is gone (down, relaunched when work needs it), or `off`.
+
+        `off` means one `sky exec` per run there from now on (a `runner-off` event), and every
+        runner of its lanes retired: each holds a GPU the exec'd runs would wait for.
+        """
         detail = one_line(error)
         if is_gone(error):
             self.clusters.down(cluster, detail)  # relaunched when work needs it; a runner then too
