@@ -19,7 +19,7 @@ import pytest
 from labkit import wait_until
 from nightlab.fleet.skypilot import resident
 from nightlab.fleet.skypilot.channel import Channel, ChannelError, local_argv
-from nightlab.fleet.skypilot.residents import SOURCE
+from nightlab.fleet.skypilot.runner_job import SOURCE
 
 EPOCH = "20261202000000-abc123"
 

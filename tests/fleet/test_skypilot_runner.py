@@ -223,7 +223,7 @@ def test_a_lost_cluster_ends_the_runner_s_runs_once_as_infra(lab, fake):
         handles = [backend.launch(slot, running)]
         wait_until(lambda: backend_of_run_started(backend, running), timeout=30)
         handles.append(backend.launch(slot, queued))  # queued behind the hung one on the runner
-        wait_until(lambda: (r := backend.jobs.get(queued)) and r.fed and not r.putting, timeout=30)
+        wait_until(lambda: (r := backend.jobs.get(queued)) and r.feed and not r.feed.putting, timeout=30)
         fake.preempt(backend.cluster(slot.name).name)
         ends = [end(backend, slot, s, h) for s, h in zip([running, queued], handles, strict=True)]
         assert all(e.lost and e.exit_code is None for e in ends), ends
@@ -321,7 +321,7 @@ def test_runs_of_a_dead_runner_found_at_reattach_end_once_as_infra(lab, fake):
     handle = first.launch(slot, spec)
     wait_until(lambda: backend_of_run_started(first, spec), timeout=30)
     queued_handle = first.launch(slot, queued)
-    wait_until(lambda: (r := first.jobs.get(queued)) and r.fed and not r.putting, timeout=30)
+    wait_until(lambda: (r := first.jobs.get(queued)) and r.feed and not r.feed.putting, timeout=30)
     cluster = first.cluster(slot.name).name
     first.close()
     (job,) = [j for j in fake.clusters[cluster].jobs.values() if j.name.startswith("nightlab-runner-")]

@@ -42,9 +42,11 @@ Modules (one concept each): `core` (names, tunables, the state both halves share
 events), `clusters` (the cluster state machine), `jobs` (the attempt state machine and the
 monitor), `backend` (`SkyPilotBackend`, the `BaseBackend` interface over both), `updown`
 (`fleet up` / `fleet down`), and for Slurm pools `residents` (one long-lived runner job per
-cluster that runs the experiments back to back instead of one `sky exec` each), `channel` (the
-controller's helper on the runner's node, over ssh + `srun --overlap`) and `resident` (the
-runner and helper themselves, shipped as text). Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` (their
+cluster lane that runs the experiments back to back instead of one `sky exec` each),
+`runner_job` (that job: its shipped source, its task, finding it by name), `feeds` (the runs
+handed to a runner and read back), `channel` (the controller's helper on the runner's node, over
+ssh + `srun --overlap`) and `resident` (the runner and helper themselves, shipped as text).
+Tests rescale the tunables on `core`. The tasks themselves are `fleet/sky_task.py` (their
 templates in `fleet/templates/`), reading a job's log back `fleet/job_log.py`, the worker's
 set-up entry point `fleet/worker_setup.py` (`python -m nightlab.fleet.sky_task prepare`, which
 set-up scripts already on users' clusters call, still works), and the cost accounting

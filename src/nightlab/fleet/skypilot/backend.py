@@ -18,7 +18,7 @@ from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
 from nightlab.fleet.sky_task import _sky, experiment_task, job_name
 from nightlab.fleet.skypilot import core
-from nightlab.fleet.skypilot.clusters import Cluster, Clusters
+from nightlab.fleet.skypilot.clusters import Cluster, Clusters, ClusterState
 from nightlab.fleet.skypilot.core import (
     Shared,
     cluster_workers,
@@ -124,7 +124,7 @@ class SkyPilotBackend(BaseBackend):
         cluster, lane = self._cluster(slot)
         self.jobs.start()
         with self.shared.lock:
-            up = cluster.state == "up"
+            up = cluster.state == ClusterState.UP
         if up:
             self.jobs.residents.ensure(cluster, lane)  # its lane's runner, before the first lease needs it
             return True
@@ -215,9 +215,9 @@ class SkyPilotBackend(BaseBackend):
         self.clusters.check(clusters)
         for c in clusters:
             with self.shared.lock:
-                launch = c.state != "up" or relaunch
+                launch = c.state != ClusterState.UP or relaunch
                 if launch:
-                    c.state, c.retry_at = "launching", 0.0
+                    c.state, c.retry_at = ClusterState.LAUNCHING, 0.0
             self.clusters.notify(c)
             if launch:
                 self.shared.thread(self.clusters.launch, c)
@@ -225,7 +225,11 @@ class SkyPilotBackend(BaseBackend):
             with c.changed:
                 # wake each second to write the launches' events on this (the ledger's) thread
                 while not c.changed.wait_for(
-                    lambda c=c: c.state in ("up", "failed", "down") or self.shared.stop.is_set(), timeout=1.0
+                    lambda c=c: (
+                        c.state in (ClusterState.UP, ClusterState.FAILED, ClusterState.DOWN)
+                        or self.shared.stop.is_set()
+                    ),
+                    timeout=1.0,
                 ):
                     self.shared.flush()
         residents = self.jobs.residents

@@ -13,6 +13,7 @@ Every change is a ledger event (`cluster-launch`, `cluster-up`, `cluster-failed`
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 import sys
 import threading
@@ -35,6 +36,8 @@ from nightlab.fleet.sky_task import (
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.core import (
     Shared,
+    SkyClusterStatus,
+    SkyJobStatus,
     autostop_minutes,
     cluster_name,
     field_of,
@@ -46,6 +49,17 @@ from nightlab.fleet.skypilot.core import (
 _STDOUT_LOCK = threading.Lock()
 
 
+class ClusterState(enum.StrEnum):
+    """Where a worker's cluster is in its state machine (module docstring); `fleet up` prints these words."""
+
+    UNKNOWN = "unknown"  # not asked yet
+    CHECKING = "checking"  # one `sky.status` for all is in flight
+    DOWN = "down"  # not there (never launched, stopped, preempted): launched when work needs it
+    LAUNCHING = "launching"  # `sky.launch`, set-up and the probe are in flight
+    UP = "up"
+    FAILED = "failed"  # its launch failed: retried after `retry_at` (never, for set-up failures)
+
+
 @dataclass
 class Cluster:
     """One worker's cluster as this backend last saw it."""
@@ -53,7 +67,7 @@ class Cluster:
     worker: str
     name: str
     pool: PoolConfig
-    state: str = "unknown"  # unknown | checking | down | launching | up | failed
+    state: ClusterState = ClusterState.UNKNOWN
     detail: str | None = None
     retry_at: float = 0.0
     gpu_name: str | None = None
@@ -65,7 +79,7 @@ class Cluster:
     @property
     def hopeless(self) -> bool:
         """Failed in a way that is not retried before `fleet up` (set-up, bad YAML)."""
-        return self.state == "failed" and self.retry_at == float("inf")
+        return self.state == ClusterState.FAILED and self.retry_at == float("inf")
 
     def view(self) -> dict[str, Any]:
         return {
@@ -122,11 +136,11 @@ class Clusters:
         """Start whatever brings the cluster closer to up: a status check or a launch."""
         with self.shared.lock:
             now = time.time()
-            if cluster.state == "unknown":
-                cluster.state = "checking"
+            if cluster.state == ClusterState.UNKNOWN:
+                cluster.state = ClusterState.CHECKING
                 action = self._check_one
-            elif cluster.state in ("down", "failed") and now >= cluster.retry_at:
-                cluster.state = "launching"
+            elif cluster.state in (ClusterState.DOWN, ClusterState.FAILED) and now >= cluster.retry_at:
+                cluster.state = ClusterState.LAUNCHING
                 action = self.launch
             else:
                 return
@@ -149,8 +163,8 @@ class Clusters:
             self.shared.stop.wait(core.STATUS_RETRY)
             with self.shared.lock:
                 for c in clusters:
-                    if c.state == "checking":
-                        c.state = "unknown"
+                    if c.state == ClusterState.CHECKING:
+                        c.state = ClusterState.UNKNOWN
             for c in clusters:
                 self.notify(c)
             return
@@ -162,11 +176,15 @@ class Clusters:
             # an UP cluster whose set-up failed or never finished (a launch interrupted by a
             # dying process) is not ready: it is launched again, which reruns set-up
             ready = last.get(c.worker) in (None, "cluster-up")
-            up = record is not None and status_name(field_of(record, "status")) == "UP" and ready
+            up = (
+                record is not None
+                and status_name(field_of(record, "status")) == SkyClusterStatus.UP
+                and ready
+            )
             with self.shared.lock:
-                if c.state not in ("unknown", "checking"):
+                if c.state not in (ClusterState.UNKNOWN, ClusterState.CHECKING):
                     continue
-                c.state = "up" if up else "down"
+                c.state = ClusterState.UP if up else ClusterState.DOWN
                 if up and c.hourly_price is None:
                     c.hourly_price = hourly_price(
                         field_of(record, "handle"), c.pool.options.get("hourly_price")
@@ -184,7 +202,7 @@ class Clusters:
         except Exception:
             return None
         return any(
-            field_of(r, "name") == cluster.name and status_name(field_of(r, "status")) == "UP"
+            field_of(r, "name") == cluster.name and status_name(field_of(r, "status")) == SkyClusterStatus.UP
             for r in records
         )
 
@@ -242,7 +260,7 @@ class Clusters:
             return
         with open(launch_log, "a") as out:
             out.write(setup.getvalue())
-        if status != "SUCCEEDED":
+        if status != SkyJobStatus.SUCCEEDED:
             # the cluster is up (and billing) until autostop ends it; costs.py counts that
             self.failed(
                 cluster,
@@ -254,7 +272,7 @@ class Clusters:
             return
         _, tags = clean_job_log(setup.getvalue())
         with shared.lock:
-            cluster.state, cluster.detail = "up", None
+            cluster.state, cluster.detail = ClusterState.UP, None
             cluster.gpu_name = tags.get("gpu") or None
             cluster.software = {k: tags.get(k) for k in ("version", "code", "torch", "sandbox")}
             cluster.hourly_price = hourly_price(handle, pool.options.get("hourly_price"))
@@ -283,7 +301,7 @@ class Clusters:
         self, cluster: Cluster, detail: str, *, retry: bool, log_path: Any, provisioned: bool = False
     ) -> None:
         with self.shared.lock:
-            cluster.state, cluster.detail = "failed", detail
+            cluster.state, cluster.detail = ClusterState.FAILED, detail
             cluster.retry_at = time.time() + self.relaunch_backoff if retry else float("inf")
         data = {"cluster": cluster.name, "detail": detail, "log": str(log_path), "provisioned": provisioned}
         self.shared.event("cluster-failed", cluster.worker, data)
@@ -293,11 +311,11 @@ class Clusters:
     def down(self, cluster: Cluster, detail: str) -> None:
         """Record that a cluster we thought up is not (preempted, stopped by autostop, deleted)."""
         with self.shared.lock:
-            was_up = cluster.state == "up"
+            was_up = cluster.state == ClusterState.UP
             if was_up:
                 # SkyPilot's Slurm clean-up of the lost allocation deletes the cluster's home, the
                 # same path a relaunch sets up again: relaunching at once raced it (broken venv)
-                cluster.state, cluster.retry_at = "down", time.time() + core.LOST_RELAUNCH_DELAY
+                cluster.state, cluster.retry_at = ClusterState.DOWN, time.time() + core.LOST_RELAUNCH_DELAY
         if was_up:
             self.shared.event("cluster-lost", cluster.worker, {"cluster": cluster.name, "detail": detail})
         self.notify(cluster)

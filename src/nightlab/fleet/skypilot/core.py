@@ -16,6 +16,7 @@ The tunables are module constants so a test or benchmark can rescale them
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import math
@@ -69,10 +70,47 @@ RESIDENT_READY_PATIENCE = 300.0
 CHANNEL_PATIENCE = 300.0
 FEED_INTERVAL = 0.25
 VAGUE_PATIENCE = 5.0
-TERMINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED"}
-EXIT_STATUS = {0: "SUCCEEDED", 100: "FAILED", 103: "CANCELLED"}  # sky.exceptions.JobExitCode
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
 CLUSTER_EVENT_PREFIX = "cluster-"
+
+
+class SkyJobStatus(enum.StrEnum):
+    """SkyPilot's job statuses (`sky.JobStatus` of 0.14), as `status_name` reads them off a response.
+
+    SkyPilot's vocabulary, not ours: `status_name` keeps what the SDK says as a plain string (a
+    newer server's status is then only unknown, never an error), and the code compares it with these.
+    """
+
+    INIT = "INIT"
+    PENDING = "PENDING"
+    SETTING_UP = "SETTING_UP"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    FAILED_DRIVER = "FAILED_DRIVER"
+    CANCELLED = "CANCELLED"
+
+
+class SkyClusterStatus(enum.StrEnum):
+    """SkyPilot's cluster statuses (`sky.ClusterStatus`): only an UP cluster runs jobs."""
+
+    INIT = "INIT"
+    UP = "UP"
+    STOPPED = "STOPPED"
+
+
+TERMINAL = frozenset(
+    {
+        SkyJobStatus.SUCCEEDED,
+        SkyJobStatus.FAILED,
+        SkyJobStatus.FAILED_SETUP,
+        SkyJobStatus.FAILED_DRIVER,
+        SkyJobStatus.CANCELLED,
+    }
+)
+# sky.exceptions.JobExitCode: what `tail_logs(follow=True)` returns once the job ended
+EXIT_STATUS = {0: SkyJobStatus.SUCCEEDED, 100: SkyJobStatus.FAILED, 103: SkyJobStatus.CANCELLED}
 
 
 # ---------------------------------------------------------------------------- names
@@ -124,7 +162,7 @@ def queue_depth(pool: PoolConfig) -> int:
 
 def _lane_queue_ok(pool: PoolConfig, slots: int) -> bool:
     """Whether a lane of a multi-slot cluster can queue jobs behind its running one."""
-    from nightlab.fleet.skypilot.residents import runner_host  # residents imports this module
+    from nightlab.fleet.skypilot.runner_job import runner_host  # runner_job imports this module
 
     if runner_host(pool) is not None:
         return True  # one runner job per lane holds the lane's GPU; its queue is in the runner

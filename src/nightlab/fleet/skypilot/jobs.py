@@ -11,24 +11,26 @@ its jobs again by the saved id, or by job name when the exec was in flight.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit, RunSpec
 from nightlab.fleet.job_log import JobLogSink, add_run_keys, read_health, save_score
 from nightlab.fleet.sky_task import job_name
 from nightlab.fleet.skypilot import core
-from nightlab.fleet.skypilot.clusters import Cluster, Clusters
+from nightlab.fleet.skypilot.clusters import Cluster, Clusters, ClusterState
 from nightlab.fleet.skypilot.core import (
     EXIT_STATUS,
     TERMINAL,
     Shared,
+    SkyJobStatus,
     field_of,
     is_gone,
     log,
@@ -36,9 +38,20 @@ from nightlab.fleet.skypilot.core import (
     run_key,
     status_name,
 )
-from nightlab.fleet.skypilot.residents import Residents, new_decoder
+
+if TYPE_CHECKING:
+    from nightlab.fleet.skypilot.feeds import Feed
 
 STREAMS = 3  # log streams per job: SkyPilot's tail of a queued job gives up after 5 s, so follow again
+
+
+class RunState(enum.StrEnum):
+    """Where an attempt is in this backend (module docstring)."""
+
+    WAITING = "waiting"  # for its cluster to be up, or for its turn to be exec'd
+    RUNNING = "running"  # its job exists (or a resident runner has it)
+    FETCHING = "fetching"  # its job ended: its log is being read whole
+    DONE = "done"  # `ended` holds its `RunExit`
 
 
 @dataclass
@@ -50,7 +63,7 @@ class Run:
     cluster: Cluster
     job_id: int | None = None
     lane: int = 0  # its slot on an N-slot cluster (0 on a one-slot cluster)
-    state: str = "waiting"  # waiting | running | fetching | done
+    state: RunState = RunState.WAITING
     ended: RunExit | None = None
     kill_requested: bool = False
     unreadable_since: float | None = None  # when its job status last became unreadable
@@ -61,14 +74,12 @@ class Run:
     submitting: bool = False  # `submit` owns it (not a re-attached run looking for its job)
     cancelling: bool = False  # a cancel of its job is in flight
     cancel_answered: float | None = None  # when SkyPilot last answered one
-    # handed to a resident runner (`residents.py`) instead of its own job:
-    fed: str | None = None  # the runner's epoch
-    putting: bool = False  # its put is in flight
-    kill_sent: bool = False  # its tomb was answered
-    offset: int = 0  # log bytes read so far
-    sink: Any = None  # where those go (`Jobs.sink`)
-    decoder: Any = None
-    vague_since: float | None = None  # when the runner's files first did not show it
+    feed: Feed | None = None  # handed to a resident runner instead of its own job (`feeds.py`)
+
+    @property
+    def fed(self) -> str | None:
+        """The epoch of the resident runner it was handed to; None when it has a job of its own."""
+        return None if self.feed is None else self.feed.epoch
 
 
 def _stamp(value: str) -> float | None:
@@ -89,6 +100,8 @@ class Jobs:
         self._monitor: threading.Thread | None = None
         self._seq = itertools.count(1)
         self._killed: list[Run] = []  # kept after `forget`: `settle_kills` checks them at close
+        from nightlab.fleet.skypilot.residents import Residents  # residents imports this module (RunState)
+
         self.residents = Residents(shared, clusters, self)
 
     def get(self, spec: RunSpec) -> Run | None:
@@ -162,7 +175,7 @@ class Jobs:
     def _running(self, run: Run, job_id: int) -> None:
         """The run's job exists: record its id, stream its log, and cancel it if a kill came first."""
         with self.shared.lock:
-            run.job_id, run.state = job_id, "running"
+            run.job_id, run.state = job_id, RunState.RUNNING
             kill = run.kill_requested
         self._save(run, job_id=job_id)
         self._stream(run)
@@ -201,7 +214,7 @@ class Jobs:
                 if kill or self.shared.stop.is_set():
                     self._end(run, RunExit(None, detail="stopped before it started"))
                     return False
-                if state == "up":
+                if state == ClusterState.UP:
                     return True
                 if hopeless:
                     detail = f"cluster `{cluster.name}`: {cluster.detail}"
@@ -238,16 +251,16 @@ class Jobs:
         busy = set()
         for run in self.runs.values():
             name = (run.cluster.name, run.lane)
-            if run.state in ("running", "fetching"):
+            if run.state in (RunState.RUNNING, RunState.FETCHING):
                 busy.add(name)
             elif (
-                run.state == "waiting"
+                run.state == RunState.WAITING
                 and run.submitting
                 and not run.kill_requested
                 and (name not in first or run.seq < first[name].seq)
             ):
                 first[name] = run
-        return [r for name, r in first.items() if name not in busy and r.cluster.state == "up"]
+        return [r for name, r in first.items() if name not in busy and r.cluster.state == ClusterState.UP]
 
     def cancel(self, run: Run) -> None:
         """Ask SkyPilot to cancel the run's job; the monitor asks again while the job goes on."""
@@ -371,7 +384,7 @@ class Jobs:
     def _end(self, run: Run, ended: RunExit) -> None:
         with self.shared.lock:
             if run.ended is None:
-                run.ended, run.state = ended, "done"
+                run.ended, run.state = ended, RunState.DONE
 
     # ------------------------------------------------------------------ monitoring
 
@@ -395,7 +408,7 @@ class Jobs:
         with self.shared.lock:
             by_cluster: dict[str, list[Run]] = {}
             for run in self.runs.values():
-                if run.state == "running" and run.fed is None:
+                if run.state == RunState.RUNNING and run.fed is None:
                     by_cluster.setdefault(run.cluster.name, []).append(run)
         requests, asked = {}, time.time()
         for name, runs in by_cluster.items():
@@ -413,7 +426,7 @@ class Jobs:
             for run in runs:
                 run.unreadable_since = None
                 status = status_name(statuses.get(run.job_id))
-                if status is None or status == "FAILED_DRIVER":
+                if status is None or status == SkyJobStatus.FAILED_DRIVER:
                     # the job vanished or its driver died: preemption shows up this way
                     if self.clusters.is_up(run.cluster) is False:
                         self.cluster_lost(run.cluster, f"job {run.job_id} status {status}")
@@ -423,7 +436,7 @@ class Jobs:
                             run, RunExit(None, lost=True, detail=f"job {run.job_id} not found on `{name}`")
                         )
                         continue
-                if status == "RUNNING" and run.started_at is None and not run.streaming:
+                if status == SkyJobStatus.RUNNING and run.started_at is None and not run.streaming:
                     # its log stream gave up before the job started (SkyPilot's tail waits 5 s
                     # for a queued job's log): follow it again, or take this moment as its start
                     if run.streams < STREAMS:
@@ -432,9 +445,9 @@ class Jobs:
                         self._started(run, None)
                 if status in TERMINAL:
                     with self.shared.lock:
-                        if run.state != "running":
+                        if run.state != RunState.RUNNING:
                             continue
-                        run.state = "fetching"
+                        run.state = RunState.FETCHING
                     self.shared.thread(self._fetch, run, status)
                 else:
                     self._cancel_again(run, asked)
@@ -469,7 +482,7 @@ class Jobs:
         """The cluster is no longer up: its running jobs end as `infra`; it relaunches when work needs it."""
         with self.shared.lock:
             for run in self.runs.values():
-                if run.cluster is cluster and run.state in ("running", "fetching"):
+                if run.cluster is cluster and run.state in (RunState.RUNNING, RunState.FETCHING):
                     ended = RunExit(
                         None, lost=True, detail=f"cluster `{cluster.name}` is no longer up ({detail})"
                     )
@@ -488,7 +501,9 @@ class Jobs:
         """
 
         # once the monitor has taken the run over, it rewrites the log: this stream stops writing
-        sink = JobLogSink(run.spec.log_path, active=lambda: run.state == "running", on_tag=self._on_tag(run))
+        sink = JobLogSink(
+            run.spec.log_path, active=lambda: run.state == RunState.RUNNING, on_tag=self._on_tag(run)
+        )
         try:
             code = self.shared.sdk.tail_logs(run.cluster.name, run.job_id, follow=True, output_stream=sink)
         except Exception as e:
@@ -500,12 +515,12 @@ class Jobs:
             run.streaming = False
         sink.finish()
         status = EXIT_STATUS.get(code)
-        if status is None or (status == "FAILED" and "exit" not in sink.tags):
+        if status is None or (status == SkyJobStatus.FAILED and "exit" not in sink.tags):
             return
         with self.shared.lock:
-            if run.state != "running":
+            if run.state != RunState.RUNNING:
                 return
-            run.state = "fetching"
+            run.state = RunState.FETCHING
         self._finish(run, status, sink.tags)
 
     def _on_tag(self, run: Run) -> Any:
@@ -519,7 +534,6 @@ class Jobs:
 
     def sink(self, run: Run) -> JobLogSink:
         """A fresh log for a run a resident runner runs (its log has no SkyPilot prefixes)."""
-        run.offset, run.decoder = 0, new_decoder()
         return JobLogSink(run.spec.log_path, on_tag=self._on_tag(run), raw=True)
 
     def _fetch(self, run: Run, status: str) -> None:

@@ -4,7 +4,7 @@ This file is shipped as text (its source travels in the runner job's environment
 helper's first stdin line), so it uses the standard library only and runs on Python >= 3.8:
 the cluster always runs the controller's own copy, whatever nightlab its set-up installed. Its
 one import of nightlab, the run's processes (`nightlab/procs.py`, the same rules as every local
-run's), is replaced by that module's text in the shipped source (`residents.SOURCE`).
+run's), is replaced by that module's text in the shipped source (`runner_job.SOURCE`).
 
 The runner is one long-lived SkyPilot job per cluster (`python -c SOURCE runner BASE EPOCH
 IDLE`). It holds the cluster's GPU like any experiment job, and runs experiments one after
