@@ -15,7 +15,7 @@ PENDING, as in SkyPilot's job queue. Like Ray, the fake sets no device: which GP
 the run script's pin (`NIGHTLAB_GPU`). An exec'd job starts INIT (its submission goes on in the
 background for `queue_seconds`, as on a Slurm cluster). Set-up is simulated (a delay), not run;
 the task's `file_mounts` are copied into the cluster's home at every launch, and with
-`prepare_data=True` set-up's data step runs for real (`python -m nightlab.fleet.sky_task
+`prepare_data=True` set-up's data step runs for real (`python -m nightlab.fleet.worker_setup
 prepare` in `sky_workdir`, for a built-in target), into the cluster's own data root.
 
 The cloud's own faults: `fail_setup(cluster)`, `preempt(cluster)`, `preempt_job(name_part,
@@ -323,7 +323,7 @@ class FakeCloud:
         # this process's nightlab is what set-up would have installed (the venv links to it)
         path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
         done = subprocess.run(
-            [sys.executable, "-m", "nightlab.fleet.sky_task", "prepare"],
+            [sys.executable, "-m", "nightlab.fleet.worker_setup", "prepare"],
             cwd=c.home / "sky_workdir",
             env={**env, **path},
             stdin=subprocess.DEVNULL,

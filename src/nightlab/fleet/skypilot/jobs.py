@@ -567,9 +567,9 @@ class Jobs:
         health = read_health(tags)
         if exit_tag is not None and re.fullmatch(r"-?\d+", exit_tag):
             ended = RunExit(int(exit_tag), code=code, health=health)
-        elif status == "SUCCEEDED":
+        elif status == SkyJobStatus.SUCCEEDED:
             ended = RunExit(0, code=code, health=health)
-        elif status == "CANCELLED":
+        elif status == SkyJobStatus.CANCELLED:
             ended = RunExit(None, detail="job cancelled", code=code)
         else:  # the run script itself died (driver failure, OOM kill of the node)
             what = f"job {run.job_id}" if run.fed is None else f"its run script on runner {run.fed}"
