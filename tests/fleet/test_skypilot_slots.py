@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -362,3 +363,32 @@ def test_each_slot_s_run_is_sampled_on_its_node_and_a_starved_one_is_degraded_an
     # the lanes beside it were sampled too, each its own run only (a sleep: little CPU)
     for i in calm:
         assert exps[i].health is not None and exps[i].health["cpu_seconds"] < 1.0, exps[i].health
+
+
+def _two_lane_jobs(fake: FakeSky, *, infra: str, cpus: str | None) -> tuple[str, str]:
+    """The statuses of two 1-GPU lane jobs on a 2-GPU cluster, a moment after both were queued."""
+    import sky
+
+    def task(run: str) -> sky.Task:
+        return sky.Task(run=run, resources=sky.Resources(accelerators="H100:1", infra=infra, cpus=cpus))
+
+    node = sky.Task(run="true", resources=sky.Resources(accelerators="H100:2", infra=infra, cpus="16"))
+    c = fake.cloud.provision("lanes", node, autostop=None, down=False)
+    first, second = (fake.cloud.add_job(c, task("sleep 30"), setup=False) for _ in range(2))
+    wait_until(lambda: first.status == sky.JobStatus.RUNNING, timeout=30, what="the first lane's job")
+    time.sleep(0.5)  # the second has had its chance to start
+    return first.status.value, second.status.value
+
+
+@pytest.mark.parametrize(
+    ("infra", "cpus", "second"),
+    [
+        ("slurm/fakehost", None, "PENDING"),  # its step would hold all 16 CPUs: the lanes run one at a time
+        ("slurm/fakehost", "8", "RUNNING"),  # `core.lane_cpus`: each lane asks for its share
+        ("k8s", None, "RUNNING"),  # Ray counts half a CPU a job, whatever the task asks
+    ],
+)
+def test_the_fake_holds_a_slurm_step_to_the_cpus_it_asks_for(sky4, infra, cpus, second):
+    """SkyPilot 0.14 runs a Slurm step with the task's `cpus`, else the cluster's: the real test found the
+    lanes serialised where the fake, counting GPUs only, let them run side by side (issue 36)."""
+    assert _two_lane_jobs(sky4, infra=infra, cpus=cpus) == ("RUNNING", second)

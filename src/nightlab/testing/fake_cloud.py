@@ -45,6 +45,11 @@ from sky import exceptions
 GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "A100": "NVIDIA A100-SXM4-80GB"}
 # Illustrative on-demand prices ($/h for one GPU); a real handle prices from SkyPilot's catalog.
 PRICES = {"H100": 2.99, "H200": 3.79, "A100": 1.79}
+# A fake node's CPUs when the launch names none (a cloud's 8-GPU H100 instance has ~26 vCPUs a GPU;
+# 8 keeps the arithmetic plain). `launched_resources.cpus` reports it, as SkyPilot's handle does.
+CPUS_PER_GPU = 8
+# Ray (Kubernetes, clouds) counts every exec job as half a CPU whatever the task asks (SkyPilot 0.14)
+RAY_JOB_CPUS = 0.5
 
 
 @dataclass
@@ -53,6 +58,7 @@ class _PricedResources:
 
     accelerators: dict[str, int] | None
     price: float
+    cpus: str | None = None
 
     def get_cost(self, seconds: float) -> float:
         return self.price * seconds / 3600
@@ -84,7 +90,10 @@ class FakeCluster:
     idle_since: float = field(default_factory=time.time)
     handle: Any = None
     gpus: int = 1  # the launch's accelerator count (a cluster without one is one unit)
-    gpus_free: float = 1.0  # what running jobs have not taken (`_take_gpus`)
+    gpus_free: float = 1.0  # what running jobs have not taken (`_take`)
+    cpus: int = CPUS_PER_GPU
+    cpus_free: float = float(CPUS_PER_GPU)
+    slurm: bool = False  # Slurm's accounting: a job's step holds the CPUs it asks for, else all of them
 
 
 class FakeCloud:
@@ -173,13 +182,16 @@ class FakeCloud:
         smi = home / "bin" / "nvidia-smi"
         smi.write_text(f"#!/bin/sh\necho '{GPU_NAMES.get(accel or '', accel or 'none')}'\n")
         smi.chmod(0o755)
+        count = next(iter(resources.accelerators.values())) if resources.accelerators else 1
+        gpus = max(1, int(count))
+        cpus = _count(resources.cpus) or CPUS_PER_GPU * gpus
         handle = SimpleNamespace(
             cluster_name=name,
             launched_nodes=1,
-            launched_resources=_PricedResources(resources.accelerators, PRICES.get(accel or "", 0.0)),
+            launched_resources=_PricedResources(
+                resources.accelerators, PRICES.get(accel or "", 0.0), str(cpus)
+            ),
         )
-        count = next(iter(resources.accelerators.values())) if resources.accelerators else 1
-        gpus = max(1, int(count))
         c = FakeCluster(
             name=name,
             home=home,
@@ -188,6 +200,9 @@ class FakeCloud:
             handle=handle,
             gpus=gpus,
             gpus_free=float(gpus),
+            cpus=cpus,
+            cpus_free=float(cpus),
+            slurm=resources.infra.cloud == "Slurm",
         )
         self.clusters[name] = c
         return c
@@ -248,9 +263,9 @@ class FakeCloud:
             with self.lock:
                 if job.status == sky.JobStatus.INIT:
                     job.status = sky.JobStatus.PENDING
-        # a job waits until the GPUs it asks for are free (all of them when it names none)
-        need = _gpu_demand(c, job.task)
-        while not self._take_gpus(c, need):
+        # a job waits until the GPUs and CPUs it asks for are free (`_gpu_demand`, `_cpu_demand`)
+        gpus, cpus = _gpu_demand(c, job.task), _cpu_demand(c, job.task)
+        while not self._take(c, gpus, cpus):
             if job.status.is_terminal():  # cancelled, or its cluster preempted, while queued
                 return
             time.sleep(0.01)
@@ -258,13 +273,15 @@ class FakeCloud:
             self._run_job_holding_gpu(c, job, setup)
         finally:
             with self.lock:
-                c.gpus_free += need
+                c.gpus_free += gpus
+                c.cpus_free += cpus
 
-    def _take_gpus(self, c: FakeCluster, need: float) -> bool:
+    def _take(self, c: FakeCluster, gpus: float, cpus: float) -> bool:
         with self.lock:
-            if c.gpus_free + 1e-9 < need:
+            if c.gpus_free + 1e-9 < gpus or c.cpus_free + 1e-9 < cpus:
                 return False
-            c.gpus_free -= need
+            c.gpus_free -= gpus
+            c.cpus_free -= cpus
             return True
 
     def _run_job_holding_gpu(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
@@ -373,6 +390,21 @@ def _gpu_demand(c: FakeCluster, task: Any) -> float:
     if not accelerators:
         return float(c.gpus)
     return min(float(c.gpus), float(next(iter(accelerators.values()))))
+
+
+def _cpu_demand(c: FakeCluster, task: Any) -> float:
+    """The CPUs a job holds on `c`: on Slurm its step's `--cpus-per-task`, the task's `cpus`, else
+    every CPU of the cluster (SkyPilot 0.14, `_get_task_demands_dict`: measured on the real SkyPilot,
+    a second lane's runner stayed PENDING behind the first); on Ray half a CPU, whatever it asks."""
+    if not c.slurm:
+        return RAY_JOB_CPUS
+    resources = next(iter(task.resources), None)
+    return float(min(c.cpus, _count(getattr(resources, "cpus", None)) or c.cpus))
+
+
+def _count(cpus: Any) -> int | None:
+    """`"4"` or `"4+"` (SkyPilot's spelling of a CPU count) as 4; None when not given."""
+    return int(float(str(cpus).rstrip("+"))) if cpus not in (None, "") else None
 
 
 def _copy_file_mounts(mounts: dict[str, str] | None, home: Path) -> None:
