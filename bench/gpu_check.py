@@ -566,7 +566,7 @@ def protected_run(check: Check, args: argparse.Namespace, *, goals: bool) -> dic
     """Issue 13: the lab's train.py as the fleet runs it (supervisor, sandbox, hand-in, scorer)."""
     import shutil
 
-    from nightlab.harness.attempt import ISOLATED
+    from nightlab.harness.names import ISOLATED
 
     lab = Path(args.lab)
     run = lab / ".nightlab" / "runs" / "e0001" / "attempt-1"

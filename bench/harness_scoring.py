@@ -33,8 +33,8 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from nightlab.harness.attempt import ISOLATED
 from nightlab.harness.data import prepare
+from nightlab.harness.names import ISOLATED
 from nightlab.harness.profiles import get_profile
 from nightlab.harness.sandbox import available
 from nightlab.search.knobs import set_knobs

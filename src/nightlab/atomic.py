@@ -41,10 +41,17 @@ def atomic_path(path: Path, *, unique: bool = False) -> Iterator[Path]:
         raise
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, unique: bool = False) -> None:
-    """Write `data` to `path` atomically (see the module docstring)."""
-    with atomic_path(path, unique=unique) as tmp:
-        tmp.write_bytes(data)
+def atomic_write_bytes(path: Path, data: bytes, *, unique: bool = False, durable: bool = False) -> None:
+    """Write `data` to `path` atomically (see the module docstring).
+
+    `durable`: the data reaches the disk (fsync) before the rename, for files a power cut must not
+    leave empty under their final name (the prepared data's manifests and secret).
+    """
+    with atomic_path(path, unique=unique) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def atomic_write_text(path: Path, text: str, *, unique: bool = False) -> None:

@@ -24,7 +24,8 @@ from nightlab.harness.cache import val_set_digest
 from nightlab.harness.clock import TrainingClock
 from nightlab.harness.data import prepare
 from nightlab.harness.evaluate import evaluate
-from nightlab.harness.handoff import HANDOFF_META, MODEL_FILE, hand_in
+from nightlab.harness.handoff import hand_in
+from nightlab.harness.names import HANDOFF_META, MODEL_FILE
 from nightlab.harness.owned import apply_score, trust
 from nightlab.harness.profiles import Profile, fingerprint
 from nightlab.harness.profiles import data_dir as profile_data_dir
@@ -213,7 +214,7 @@ def test_the_supervisor_preloads_the_deserializer_and_exits_without_teardown():
     import sys
 
     code = (
-        "import sys; from nightlab.harness.attempt import _preload, exit_now; _preload(); "
+        "import sys; from nightlab.harness.attempt import _preload; from nightlab.harness.names import exit_now; _preload(); "
         "print('torch._export.serde.serialize' in sys.modules, end=''); exit_now(3)"
     )
     proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)

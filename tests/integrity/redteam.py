@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from nightlab.fleet.runner import classify, read_tail
-from nightlab.harness.attempt import ISOLATED
 from nightlab.harness.data import prepare
 from nightlab.harness.demo import demo_documents
+from nightlab.harness.names import ISOLATED
 from nightlab.harness.owned import apply_score, read_score
 from nightlab.harness.profiles import Profile, fingerprint
 from nightlab.harness.sandbox import available

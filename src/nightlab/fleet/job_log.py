@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from nightlab.harness.names import SCORE_FILE
+
 _COLOR = r"(?:\x1b\[[0-9;]*m)*"
 _PREFIX = re.compile(rf"^{_COLOR}\([^()\n]*\bpid=\d+[^()\n]*\){_COLOR} ?")
 # Unanchored, last occurrence: a run that ends with half a line (no newline) would otherwise swallow the
@@ -173,7 +175,7 @@ def save_score(run_dir: Path, tags: dict[str, str], *, worker_sandbox: str | Non
     if worker_sandbox == "none" and data.get("sandbox") != "none":
         data.update(sandbox="none", unsandboxed="the worker's set-up probe found no working bubblewrap")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(run_dir) / "score.json", data, indent=1, sort_keys=True)
+    atomic_write_json(Path(run_dir) / SCORE_FILE, data, indent=1, sort_keys=True)
     return True
 
 

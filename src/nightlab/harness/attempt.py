@@ -46,24 +46,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nightlab.atomic import atomic_write_text
+from nightlab.harness.names import (
+    HANDOFF_ENV,
+    HANDOFF_FOLDER,
+    HANDOFF_META,
+    ISOLATED,
+    MODEL_FILE,
+    RECEIVED_FOLDER,
+    SCORE_FILE,
+    exit_now,
+)
+
 __all__ = [
     "HARNESS_DIGESTS_ENV",
-    "ISOLATED",
-    "SCORE_FILE",
-    "exit_now",
     "supervise",
     "wall_allowance",
     "wrap_command",
 ]
 
-# How harness processes start Python so that no file of the lab can shadow a module: `-P` keeps the
-# working directory (the snapshot) off sys.path and still honours PYTHONPATH, which comes from the
-# user's environment, never from the run.
-ISOLATED = ("-P",)
-
-SCORE_FILE = "score.json"
-HANDOFF_FOLDER = "handoff"
-RECEIVED_FOLDER = "handed-in"  # the hand-in as it was when train.py handed it in
 HARNESS_DIGESTS_ENV = "NIGHTLAB_HARNESS_DIGESTS"  # path of the controller's digests file
 MIGRATE_HINT = (
     "this lab's train.py predates harness scoring: replace its evaluation section with "
@@ -142,9 +143,7 @@ def record_digests(lab_dir: Path) -> Path:
 
     path = Path(lab_dir) / ".nightlab" / "harness-digests.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(integrity.dumps(integrity.expected_digests()))
-    os.replace(tmp, path)
+    atomic_write_text(path, integrity.dumps(integrity.expected_digests()))
     return path
 
 
@@ -162,18 +161,6 @@ def _preload() -> None:
         import nightlab.harness.scorer  # noqa: F401
     except ImportError:  # the scorer reports it, with its context, when it runs
         pass
-
-
-def exit_now(code: int) -> None:
-    """Leave at once: flush and `os._exit`, skipping the interpreter's teardown.
-
-    With torch loaded, Python's finalisation took 0.78 s after the last line of `main` (measured,
-    2-core box): time every run would wait for. Everything the process writes is complete by
-    then (`write_json` renames a closed file), so there is nothing left for the teardown to do.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _copy_regular(src: Path, dst: Path) -> str:
@@ -215,7 +202,6 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
     """Run, serve, check and score one attempt (see the module docstring). Returns the command's exit code."""
     from nightlab import procs
     from nightlab.harness import integrity, sandbox, serve
-    from nightlab.harness.handoff import HANDOFF_ENV, HANDOFF_META, MODEL_FILE
     from nightlab.harness.profiles import data_dir, data_root, load_lab_profile
     from nightlab.harness.scorer import UnscorableModelError, score, write_json
     from nightlab.harness.sources import source_paths

@@ -44,7 +44,6 @@ __all__ = [
     "DataMismatchError",
     "DataNotPreparedError",
     "TokenSplit",
-    "atomic_write_bytes",
     "folder_val_secret",
     "load_manifest",
     "open_split",
@@ -97,16 +96,6 @@ def folder_val_secret(data_dir: Path, *, make: bool = True) -> bytes | None:
         finally:
             tmp.unlink()
     return path.read_bytes()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that no reader ever sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_manifest(data_dir: Path, *, profile: Profile | None = None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from nightlab.atomic import atomic_write_bytes
 from nightlab.harness.cache import (
     MANIFEST_NAME,
     TOKENIZER_NAME,
@@ -44,7 +45,6 @@ from nightlab.harness.cache import (
     DataError,
     DataMismatchError,
     DataNotPreparedError,
-    atomic_write_bytes,
     folder_val_secret,
     load_manifest,
     open_split,
@@ -220,7 +220,7 @@ def _take_val_secret(out: Path, dataset: str, secret: bytes | None) -> None:
         return
     for name in (MANIFEST_NAME, "val.json", *(p.name for p in split_paths(out, "val"))):
         (out / name).unlink(missing_ok=True)
-    atomic_write_bytes(out / VAL_SECRET_NAME, secret)
+    atomic_write_bytes(out / VAL_SECRET_NAME, secret, durable=True)
 
 
 def _check_local_unchanged(manifest: dict[str, Any], profile: Profile) -> None:
@@ -304,7 +304,7 @@ def prepare(
                 entry = _split_entry(out, split)
                 if entry is None:
                     entry = _tokenize_split(tok, texts(), out, split, workers, reporter)
-                    atomic_write_bytes(out / f"{split}.json", json.dumps(entry).encode())
+                    atomic_write_bytes(out / f"{split}.json", json.dumps(entry).encode(), durable=True)
                 splits[split] = entry
         manifest = {
             "fingerprint": fingerprint(profile),

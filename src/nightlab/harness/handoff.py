@@ -35,21 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nightlab.atomic import atomic_path, atomic_write_json
 from nightlab.errors import NightlabError
+from nightlab.harness.names import HANDOFF_ENV, HANDOFF_META, ISOLATED, MODEL_FILE, SCORE_FILE
 
 __all__ = [
-    "HANDOFF_ENV",
-    "HANDOFF_META",
-    "MODEL_FILE",
     "HandIn",
     "ModelNotExportableError",
     "export_model",
     "hand_in",
 ]
 
-HANDOFF_ENV = "NIGHTLAB_HANDOFF_DIR"  # set by the fleet's supervisor: where the model goes
-MODEL_FILE = "model.pt2"
-HANDOFF_META = "handoff.json"
 FORMAT = 1
 
 
@@ -130,9 +126,8 @@ def hand_in(model: Any, batches: Any, *, batch_size: int | None = None, folder: 
     start = time.perf_counter()
     program = export_model(model, example)
     exported = time.perf_counter()
-    tmp = out / ("tmp-" + MODEL_FILE)  # torch.export.save wants a .pt2 name
-    torch.export.save(program, tmp)
-    os.replace(tmp, out / MODEL_FILE)
+    with atomic_path(out / MODEL_FILE) as tmp:  # keeps the .pt2 suffix torch.export.save wants
+        torch.export.save(program, tmp)
     saved = time.perf_counter()
     meta = {
         "format": FORMAT,
@@ -145,8 +140,7 @@ def hand_in(model: Any, batches: Any, *, batch_size: int | None = None, folder: 
         "seed": batches.seed,
         "torch": torch.__version__,
     }
-    (out / (HANDOFF_META + ".tmp")).write_text(json.dumps(meta, indent=1))
-    os.replace(out / (HANDOFF_META + ".tmp"), out / HANDOFF_META)
+    atomic_write_json(out / HANDOFF_META, meta, indent=1)
     # the moment of the hand-in, on the server's clock: inside the fleet the supervisor copies the
     # folder out of this process's reach now, and refuses a hand-in later than its grace allows
     batches.hand_in()
@@ -160,11 +154,10 @@ def hand_in(model: Any, batches: Any, *, batch_size: int | None = None, folder: 
 
 def _score_by_hand(folder: Path) -> dict[str, Any]:
     """Run the scorer as the fleet would (a fresh process), on the lab found from the cwd."""
-    from nightlab.harness.attempt import ISOLATED
     from nightlab.harness.profiles import load_lab_profile
 
     load_lab_profile()  # fail here, with its message, when the cwd is not a lab
-    result = folder / "score.json"
+    result = folder / SCORE_FILE
     proc = subprocess.run(
         [sys.executable, *ISOLATED, "-m", "nightlab.harness.scorer", "--handoff", str(folder),
          "--lab", str(Path.cwd()), "--out", str(result)],

@@ -29,9 +29,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from nightlab.harness.names import SCORE_FILE
+
 __all__ = ["OWNED_KEYS", "TRUST_NOTES", "apply_score", "read_score", "seed_ignored", "trust"]
 
-SCORE_FILE = "score.json"
 # keys only the harness may set (train.py's values for them are ignored)
 OWNED_KEYS = (
     "val_bpb",

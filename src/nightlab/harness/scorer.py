@@ -4,7 +4,7 @@ DO NOT CHANGE without bumping the data format: every built-in-target result is m
 
 Runs as `python -P -m nightlab.harness.scorer --handoff DIR --lab LAB --out score.json` (the
 fleet's supervisor, `attempt.py`, calls `score()` in its own process the same way). `-P`
-(`attempt.ISOLATED`) keeps the lab's folder off the import path, so no Python from the lab runs
+(`names.ISOLATED`) keeps the lab's folder off the import path, so no Python from the lab runs
 here: the model arrives as a `torch.export` program (ATen operators and tensors only).
 
 Loading an untrusted `.pt2` safely. `torch.export.load` unpickles some entries
@@ -42,7 +42,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from nightlab.atomic import atomic_write_json
 from nightlab.errors import NightlabError
+from nightlab.harness.names import HANDOFF_META, MODEL_FILE
 
 __all__ = ["UnscorableModelError", "check_archive", "load_program", "score"]
 
@@ -224,7 +226,6 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
     import torch.nn.functional as F
 
     from nightlab.harness.cache import load_manifest
-    from nightlab.harness.handoff import HANDOFF_META, MODEL_FILE
     from nightlab.harness.loader import val_batches
     from nightlab.harness.profiles import data_dir as default_data_dir
     from nightlab.harness.profiles import load_lab_profile
@@ -360,10 +361,8 @@ def _probe_verdict(probes: list[tuple[int, int]], stats: dict[int, Any], N: int)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` atomically (tmp + rename), so a reader never sees half a result."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    """Write a result as the harness writes every result: whole or not at all, keys sorted."""
+    atomic_write_json(path, data, indent=1, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,6 +388,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nightlab.harness.attempt import exit_now
+    from nightlab.harness.names import exit_now
 
     exit_now(main())

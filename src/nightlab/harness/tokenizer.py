@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from nightlab.atomic import atomic_write_bytes
 from nightlab.harness.cache import (
     TOKENIZER_NAME,
     DataError,
     DataMismatchError,
-    atomic_write_bytes,
     load_manifest,
 )
 from nightlab.harness.profiles import BOS_TOKEN, SPECIAL_TOKENS, SPLIT_PATTERN
@@ -96,7 +96,7 @@ class Tokenizer:
             f"{base64.b64encode(t).decode()} {r}\n"
             for t, r in sorted(self._ranks.items(), key=lambda x: x[1])
         )
-        atomic_write_bytes(Path(path), "".join(lines).encode())
+        atomic_write_bytes(Path(path), "".join(lines).encode(), durable=True)
 
     # -- use ----------------------------------------------------------------------------------
 
