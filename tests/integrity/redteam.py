@@ -4,8 +4,8 @@
 attempt-1/work/` holding the snapshot), starts the real supervisor
 (`python -P -m nightlab.harness.attempt ... -- python train.py`, sandboxed when bwrap works here),
 and then makes of its exit code, log and `score.json` what the controller's `_record` makes
-(`runner.classify`, then `owned.apply_score`). A tiny profile (demo data, 64-token rows, a 2 s
-budget, 4 steps) keeps each attack to one short run. Every process a test starts is killed by its
+(`runner.classify`, then `owned.apply_score`). A tiny profile (demo data, 64-token rows, an 8 s
+budget it never reaches in its 4 steps) keeps each attack to one short run. Every process a test starts is killed by its
 process-group id when the test ends, pass or fail.
 
 `local_labs` adds two labs on `local:` datasets (a file; a folder named through a symlink, holding a
@@ -36,7 +36,16 @@ from nightlab.harness.profiles import Profile, fingerprint
 from nightlab.harness.sandbox import available
 from nightlab.search.knobs import set_knobs
 
-PROFILE = Profile("redteam", "demo", vocab_size=512, seq_len=64, budget_seconds=2.0, eval_tokens=4096)
+# 4 steps (`NIGHTLAB_MAX_STEPS`) end every step-limited run long before its 8 s budget even at load 12
+# (with 2 s, a loaded box cut the honest run short and an attack that did nothing "beat" it). The runs
+# about time train on a 2 s rung instead (`TIMED`: the supervisor's `NIGHTLAB_TIER_BUDGET`).
+PROFILE = Profile("redteam", "demo", vocab_size=512, seq_len=64, budget_seconds=8.0, eval_tokens=4096)
+BUDGET = 2.0
+# Time-budgeted: no step limit, a 2 s rung. The hand-in grace is 12 s (`NIGHTLAB_HANDIN_GRACE`, read
+# by the supervisor only): the tiny model hands in ~2.5 s after its last batch on a quiet box and was
+# seen at 5.6 s at load 12, so attacks that train past the budget train 20 s to be caught.
+TIMED = {"NIGHTLAB_MAX_STEPS": "", "NIGHTLAB_TIER_BUDGET": str(BUDGET), "NIGHTLAB_HANDIN_GRACE": "12"}
+OVERTIME = 20
 TINY = {"DEPTH": "1", "HEAD_DIM": "64", "DEVICE_BATCH_SIZE": "4", "TOTAL_BATCH_SIZE": "256"}
 SANDBOXED = available() is None
 needs_sandbox = pytest.mark.sandbox  # skipped, and said before the first test, without bwrap (needs.py)

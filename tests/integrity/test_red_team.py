@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from redteam import SANDBOXED, edit, needs_sandbox, template
+from redteam import BUDGET, SANDBOXED, TIMED, edit, needs_sandbox, template
 
 from labkit import wait_until
 
@@ -112,9 +112,9 @@ def test_a_longer_budget_set_by_the_run_changes_nothing(attack, honest):
     (Before issue 30 the clock ran in train.py and this edit was caught only by comparing figures.)
     """
     longer = "os.environ['NIGHTLAB_BUDGET'] = '4'\n" + BATCHES + "\nprint('clock budget', batches.budget)"
-    run = attack(edit(template(), BATCHES, longer), env={"NIGHTLAB_MAX_STEPS": ""})
-    assert "clock budget 2.0" in run.log, run.log[-2000:]
-    assert run.outcome == "ok" and run.metrics["training_seconds"] < 2.0 + 1.0, run.metrics
+    run = attack(edit(template(), BATCHES, longer), env=TIMED)
+    assert f"clock budget {BUDGET}" in run.log, run.log[-2000:]
+    assert run.outcome == "ok" and run.metrics["training_seconds"] < BUDGET + 1.0, run.metrics
 
 
 def test_monkeypatching_the_harness_in_process_changes_nothing(attack, honest):

@@ -3,24 +3,20 @@
 Each attack is run as the fleet runs it (the real supervisor, sandboxed when bwrap works here) and
 passes only when the run is `invalid` with the reason naming what was caught, or got no more time
 or data than an honest run: the supervisor's own figures (`training_seconds`, the batches it served,
-the hand-in delay) show it. Most attacks run on the time budget (`NIGHTLAB_MAX_STEPS` unset, 2 s),
-with the hand-in grace shortened to 5 s (`NIGHTLAB_HANDIN_GRACE`, read by the supervisor only; the tiny
-model hands in ~2.5 s after its last batch on the loaded box) so a
-late hand-in is quick to provoke. Before issue 30 the first three were recorded `ok` and better
+the hand-in delay) show it. Most attacks run on a 2 s budget (`redteam.TIMED`: no step limit, a
+2 s rung, the hand-in grace set to 12 s; an attack that trains past the budget trains 20 s). Before issue 30 the first three were recorded `ok` and better
 than honest (the clock ran inside train.py).
 Run: .venv/bin/python -m pytest -q tests/integrity/test_red_team_clock.py
 """
 
 from __future__ import annotations
 
-from redteam import SANDBOXED, edit, needs_sandbox, template
+from redteam import BUDGET, OVERTIME, SANDBOXED, TIMED, edit, needs_sandbox, template
 
 BATCHES = "batches = training_batches(profile, DEVICE_BATCH_SIZE, accel.device, seed=seed)"
 HAND_IN = "score = hand_in(model, batches).score"
 AFTER_LOOP = "clock = batches.figures()"
 IN_LOOP = "        x, y = batch\n"
-TIMED = {"NIGHTLAB_MAX_STEPS": "", "NIGHTLAB_HANDIN_GRACE": "5"}
-BUDGET = 2.0
 # one training step on (x, y), as the template's loop makes it (grad_accum is 1 in the tiny profile)
 STEP = (
     "    with accel.autocast():\n"
@@ -78,7 +74,7 @@ def test_replacing_the_stop_rule_and_training_on_is_invalid(attack, honest):
         "        return batch\n"
         "    except StopIteration:\n"
         "        if not _until:\n"
-        "            _until.append(time.time() + 8)\n"
+        f"            _until.append(time.time() + {OVERTIME})\n"
         "        if time.time() < _until[0]:\n"
         "            return _cache[int(time.time() * 1000) % len(_cache)]\n"
         "        raise\n"
@@ -86,7 +82,7 @@ def test_replacing_the_stop_rule_and_training_on_is_invalid(attack, honest):
     )
     run = attack(edit(template(), BATCHES, replay), env=TIMED)
     assert run.outcome == "invalid", run.log[-2000:]
-    assert "after the last batch was served" in run.detail and "allows 5 s" in run.detail
+    assert "after the last batch was served" in run.detail and "allows 12 s" in run.detail
 
 
 def test_a_second_clock_after_the_first_runs_out_serves_nothing(attack, honest):
@@ -111,7 +107,7 @@ def test_training_on_cached_batches_past_the_budget_then_handing_in_late_is_inva
     cache = edit(cache, BATCHES, "_cached = []\n" + BATCHES)
     late = (
         "import itertools\n"
-        "_end = time.time() + 8\n"
+        f"_end = time.time() + {OVERTIME}\n"
         "for x, y in itertools.cycle(_cached):\n"
         "    if time.time() > _end:\n"
         "        break\n" + STEP + AFTER_LOOP
