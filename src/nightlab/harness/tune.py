@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nightlab.atomic import atomic_write_text
 from nightlab.errors import NightlabError, UsageError
 
 __all__ = ["Candidate", "TuneResult", "TuneRow", "tune"]
@@ -379,7 +380,5 @@ def tune(
     }
     if write and beats:
         new = set_knobs(source, written)
-        tmp_path = train_py.with_name(".train.py.tune-tmp")
-        tmp_path.write_bytes(new.encode("utf-8"))
-        os.replace(tmp_path, train_py)
+        atomic_write_text(train_py, new)
     return TuneResult(rows, best, written if write and beats else {}, current, reason, beats)
