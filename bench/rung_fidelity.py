@@ -439,6 +439,9 @@ def fidelity_fit(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       is one doubling of run time), per unit of (1 - b): ((d_b - d_1) / spread_1) / log2(flops
       ratio) / (1 - b), d = mean(deep) - mean(shallow). The flops ratio comes from the steps the
       two depths made in the full budget.
+    - batch_penalty: the same for the total batch, per coded unit of the family's BATCH knob
+      (2**14..2**19: 2.5 doublings a unit): ((g_b - g_1) / spread_1) / (doublings / 2.5) / (1 - b),
+      g = mean(large batch) - mean(small batch).
     - noise_exp: the noise relative to the configs' spread at b against that at full, as b ** -x:
       x = -log((sd_b / spread_b) / (sd_1 / spread_1)) / log b, averaged over the short budgets.
       What ranks is noise against the differences, so the spread at each budget is its own.
@@ -467,10 +470,23 @@ def fidelity_fit(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         sp = spread(m[full])
         if steps[lo] and steps[hi] and sp > 0:
             doublings = math.log2(statistics.fmean(steps[lo]) / statistics.fmean(steps[hi]))
-            d_full = _depth_gap(m[full], attrs, lo, hi)
-            pens = [(_depth_gap(m[f], attrs, lo, hi) - d_full) / sp / doublings / (1 - f) for f in shorts]
+            d_full = _gap(m[full], attrs, "depth", lo, hi)
+            pens = [(_gap(m[f], attrs, "depth", lo, hi) - d_full) / sp / doublings / (1 - f) for f in shorts]
             if doublings > 0 and pens:
                 out["size_penalty"] = statistics.fmean(pens)
+    batches = sorted({attrs[c]["batch"] for c in m[full]})
+    if len(batches) >= 2 and spread(m[full]) > 0:
+        lo, hi = batches[0], batches[-1]
+        per_unit = (
+            math.log2(hi / lo) / 2.5
+        )  # the family's BATCH: 2**14..2**19, 5 doublings over 2 coded units
+        b_full = _gap(m[full], attrs, "batch", lo, hi)
+        pens = [
+            (_gap(m[f], attrs, "batch", lo, hi) - b_full) / spread(m[full]) / per_unit / (1 - f)
+            for f in shorts
+        ]
+        if pens:
+            out["batch_penalty"] = statistics.fmean(pens)
     sd = noise(rows)
     if full in sd and spread(m[full]) > 0:
         rel_full = sd[full] / spread(m[full])
@@ -490,10 +506,11 @@ def fidelity_fit(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _depth_gap(
-    values: Mapping[str, float], attrs: Mapping[str, Mapping[str, Any]], lo: int, hi: int
+def _gap(
+    values: Mapping[str, float], attrs: Mapping[str, Mapping[str, Any]], knob: str, lo: float, hi: float
 ) -> float:
-    lv = level_means(values, attrs, "depth")
+    """Mean value at the knob's high level minus at its low level."""
+    lv = level_means(values, attrs, knob)
     return lv[float(hi)] - lv[float(lo)]
 
 

@@ -598,6 +598,7 @@ class Fidelity:
     size_penalty: float = 0.1
     noise_exp: float = 0.5
     overhead: float = 0.2
+    batch_penalty: float = 0.0
 
 
 SIZE_ROLES = ("WIDTH", "DEPTH", "MLP_RATIO")
@@ -611,8 +612,9 @@ def value_at(m: Member, v: Mapping[str, object], b: float, fid: Fidelity) -> flo
     lr = dims["LR"]
     shifted = {**v, "LR": lr.from_coded(lr.coded(v["LR"]) - fid.lr_shift * (1.0 - b))}
     sizes = sum(dims[s].coded(v[s]) for s in SIZE_ROLES if s in dims)
+    batch = dims["BATCH"].coded(v["BATCH"]) if "BATCH" in dims else 0.0
     spread = float(m.info.get("spread", 1.0))
-    return m.truth(shifted) + (1.0 - b) * fid.size_penalty * spread * sizes
+    return m.truth(shifted) + (1.0 - b) * spread * (fid.size_penalty * sizes + fid.batch_penalty * batch)
 
 
 class ScreenSim(Sim):
@@ -1025,6 +1027,12 @@ def main() -> None:
         metavar="K=V,...",
         help="Fidelity fields (lr_shift, size_penalty, noise_exp, overhead); defaults are assumptions",
     )
+    parser.add_argument(
+        "--fidelity-from",
+        default=None,
+        metavar="JSONL",
+        help="fit Fidelity to bench/rung_fidelity.py's results file (--fidelity overrides single fields)",
+    )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
     parser.add_argument(
@@ -1038,7 +1046,13 @@ def main() -> None:
     strategies = [s for s in args.strategies.split(",") if s]
     options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
     members = [member(n) for n in names]
-    fid = Fidelity(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)})
+    measured: dict[str, float] = {}
+    if args.fidelity_from:  # bench/rung_fidelity.py's results: the fit it prints, recomputed
+        from rung_fidelity import fidelity_fit, read_rows
+
+        measured = fidelity_fit(read_rows(Path(args.fidelity_from)))
+    given = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)}
+    fid = Fidelity(**{**measured, **given})
     if not 0 < args.screen_fraction < 1 or args.eta < 2:
         sys.exit("--screen-fraction must be in (0, 1) and --eta at least 2")
     screen = (args.screen_fraction, args.eta, fid, args.screen_wave)

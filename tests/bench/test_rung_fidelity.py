@@ -25,12 +25,13 @@ def opt(f: float) -> float:
 
 
 def value(c: rf.Config, f: float) -> float:
-    # quadratic in log10 LR around opt(f); depth 3 costs 0.05 more per unit of (1 - f); batch 2**13 +0.01
+    # quadratic in log10 LR around opt(f); depth 3 costs 0.05 more per unit of (1 - f); batch 2**13
+    # 0.01 more, plus 0.02 per unit of (1 - f)
     return (
         1.0
         + (math.log10(c.lr) - opt(f)) ** 2
         + (0.05 * (1 - f) if c.depth == 3 else 0.0)
-        + (0.01 if c.batch == 2**13 else 0.0)
+        + (0.01 + 0.02 * (1 - f) if c.batch == 2**13 else 0.0)
     )
 
 
@@ -116,6 +117,8 @@ def test_noise_costs_and_the_fidelity_parameters() -> None:
     # depth 3 is 0.05 (1 - b) worse; 2 doublings of work a step (200 / 50 steps)
     spread = rf.spread(rf.means(rows)[1.0])
     assert fid["size_penalty"] == pytest.approx(0.05 / spread / 2, rel=1e-3)
+    # 2**13 is 0.02 (1 - b) worse: 2 doublings = 0.8 of the family's BATCH coded unit
+    assert fid["batch_penalty"] == pytest.approx(0.02 / spread / 0.8, rel=1e-3)
     # noise relative to the spread, b ** -x: here the spread grows faster short than the noise does
     rel = {f: 0.002 * (2 - f) / a["spread"][k] for f, k in ((0.1, "0.1"), (0.3333, "0.3333"), (1.0, "1"))}
     want = [-math.log(rel[f] / rel[1.0]) / math.log(f) for f in (0.1, 0.3333)]

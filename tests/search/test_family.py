@@ -173,6 +173,10 @@ def test_a_short_run_ranks_like_a_full_one_when_the_fidelity_is_perfect_and_flat
     best_full = min(points, key=m.truth)["LR"]
     best_short = min(points, key=lambda v: family.value_at(m, v, 0.2, biased))["LR"]
     assert best_short > best_full  # the short run's best learning rate is higher
+    small, large = m.values({**m.start, "BATCH": "2**14"}), m.values({**m.start, "BATCH": "2**19"})
+    batchy = family.Fidelity(lr_shift=0.0, size_penalty=0.0, batch_penalty=0.5)
+    gap_short = family.value_at(m, large, 0.2, batchy) - family.value_at(m, small, 0.2, batchy)
+    assert gap_short == pytest.approx(m.truth(large) - m.truth(small) + 0.8 * 0.5 * m.info["spread"] * 2)
 
 
 def _screen(m, *, learn: str, pipeline: bool) -> family.ScreenSim:
