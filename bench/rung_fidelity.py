@@ -16,8 +16,9 @@ server's steps and seconds, the supervisor's wall time, the load average and the
 got: steps per training second); a rerun skips every (config, budget, seed) with a val_bpb there, so
 an interrupted grid resumes and a run that failed (e.g. `invalid`: past the wall allowance on an
 overloaded box) runs again, its failed row kept.
-`--parallel 2` runs two at once (each with one thread). The run order is shuffled with a fixed seed,
-so the box's load, which drifts, spreads over configurations and budgets instead of biasing one.
+`--parallel 2` runs two at once (each with one thread). The runs go seed by seed (a grid stopped early holds whole seeds), each seed's runs in an order
+shuffled with a fixed seed, so the box's load, which drifts, spreads over configurations and budgets
+instead of biasing one.
 
 The report (`--report` alone reads the file and runs nothing):
 - per budget pair, Spearman's rho between the configurations' mean val_bpb with its 95 % Fisher
@@ -95,9 +96,13 @@ GRID = [Config(lr, d, b) for d, b, lr in itertools.product(DEPTHS, BATCHES, LR_S
 
 
 def plan(configs: Sequence[Config], fractions: Sequence[float], seeds: Sequence[int]) -> list[tuple]:
-    """Every (config, fraction, seed), shuffled with a fixed seed (load drift becomes noise, not bias)."""
-    todo = list(itertools.product(configs, fractions, seeds))
-    random.Random(34).shuffle(todo)
+    """Every (config, fraction, seed): seed by seed, so a grid stopped early holds whole seeds, each
+    seed's runs shuffled with a fixed seed (load drift becomes noise, not a bias of a config or budget)."""
+    todo = []
+    for seed in seeds:
+        block = list(itertools.product(configs, fractions, [seed]))
+        random.Random(34 + seed).shuffle(block)
+        todo += block
     return todo
 
 
