@@ -12,10 +12,12 @@ batch server owns the clock, the warm-up is capped at a quarter of the budget, t
 hand-in in its own process: the figures are the product's.
 
 Each finished run is appended as one JSON line to `--results` (config, budget, seed, val_bpb, the
-server's steps and seconds, the supervisor's wall time, the load average and the throughput the run
-got: steps per training second); a rerun skips every (config, budget, seed) with a val_bpb there, so
-an interrupted grid resumes and a run that failed (e.g. `invalid`: past the wall allowance on an
-overloaded box) runs again, its failed row kept.
+server's steps and seconds, the supervisor's wall time, the load average, and the machine health
+the fleet would record: `fleet/health.py`'s CPU sampler over every process of the run, judged by
+its rule, so a starved run is `degraded`); a rerun skips every (config, budget, seed) with a
+usable row there, so an interrupted grid resumes, and a run that failed (e.g. `invalid`: handed in
+past the grace on an overloaded box) or was degraded runs again, once (`--retries`), as the fleet
+re-runs a degraded run once. The analysis counts scored, healthy runs only.
 `--parallel 2` runs two at once (each with one thread). The runs go seed by seed (a grid stopped early holds whole seeds), each seed's runs in an order
 shuffled with a fixed seed, so the box's load, which drifts, spreads over configurations and budgets
 instead of biasing one.
@@ -150,6 +152,7 @@ def run_one(
     fraction: float,
     seed: int,
     *,
+    threads: int,
     lab: Path,
     template: str,
     env: dict[str, str],
@@ -157,6 +160,7 @@ def run_one(
     root: Path,
 ) -> dict[str, Any]:
     """One supervised run of `cfg` at `fraction` of the budget; its row for the results file."""
+    from nightlab.fleet.health import CpuSampler, judge, scan_runs
     from nightlab.harness.attempt import wrap_command
     from nightlab.procs import MARK
     from nightlab.search.knobs import set_knobs
@@ -180,7 +184,7 @@ def run_one(
     }
     line = wrap_command("python train.py", run_dir=run_dir, lab_dir=lab)
     load = os.getloadavg()[0]
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     with open(run_dir / "log.txt", "wb") as log:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", line],
@@ -190,14 +194,28 @@ def run_one(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        # the fleet's machine-health watch (fleet/health.py): every thread of every process of the
+        # run, sampled each second; a starved run is `degraded` there, never judged, re-run once
+        sampler = CpuSampler(root=proc.pid, mark=str(run_dir), threads=threads, started_at=started_at)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(1.0):
+                sampler.add(scan_runs({0: (proc.pid, str(run_dir))})[0])
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         try:
             _, status, _ = os.wait4(proc.pid, 0)
         finally:
+            done.set()
+            watcher.join()
             try:
                 os.killpg(proc.pid, 9)
             except ProcessLookupError:
                 pass
     wall = time.monotonic() - start
+    health = judge(sampler.health(ended_at=time.time()))
     proc.returncode = os.waitstatus_to_exitcode(status)
     score_file = run_dir / "score.json"
     score = json.loads(score_file.read_text()) if score_file.exists() else {}
@@ -224,6 +242,9 @@ def run_one(
         "steps_per_s": round(score["steps"] / score["training_seconds"], 2)
         if score.get("training_seconds")
         else None,
+        "got_share": health.got_share,
+        "cpu_share": health.cpu_share,
+        "degraded": health.degraded,
         "load_start": round(load, 2),
         "load_end": round(os.getloadavg()[0], 2),
         "invalid_reason": score.get("invalid_reason"),
@@ -247,14 +268,26 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def remaining(todo: Sequence[tuple], results: Path) -> list[tuple]:
-    """The runs of `todo` without a val_bpb in the results file (a failed one runs again)."""
-    done = {r["key"] for r in read_rows(results) if r.get("val_bpb") is not None}
-    return [t for t in todo if key(t[0].name, t[1], t[2]) not in done]
+def usable(r: Mapping[str, Any]) -> bool:
+    """A run the analysis counts: scored, and not starved (`degraded`: the fleet never judges it)."""
+    return r.get("val_bpb") is not None and not r.get("degraded")
 
 
-def run_grid(todo: Sequence[tuple], *, results: Path, parallel: int, threads: int, work: Path | None) -> None:
-    left = remaining(todo, results)
+def remaining(todo: Sequence[tuple], results: Path, *, retries: int = 1) -> list[tuple]:
+    """The runs of `todo` with no usable row in the results file and fewer than 1 + `retries` rows
+    (a failed or starved run runs again, `retries` times: the fleet re-runs a degraded run once)."""
+    rows = read_rows(results)
+    done = {r["key"] for r in rows if usable(r)}
+    tries: dict[str, int] = {}
+    for r in rows:
+        tries[r["key"]] = tries.get(r["key"], 0) + 1
+    return [t for t in todo if (k := key(t[0].name, t[1], t[2])) not in done and tries.get(k, 0) <= retries]
+
+
+def run_grid(
+    todo: Sequence[tuple], *, results: Path, parallel: int, threads: int, work: Path | None, retries: int = 1
+) -> None:
+    left = remaining(todo, results, retries=retries)
     print(f"{len(todo) - len(left)} of {len(todo)} runs already in {results}; {len(left)} to run", flush=True)
     if not left:
         return
@@ -265,7 +298,9 @@ def run_grid(todo: Sequence[tuple], *, results: Path, parallel: int, threads: in
 
     def one(item: tuple) -> None:
         cfg, fraction, seed = item
-        row = run_one(cfg, fraction, seed, lab=lab, template=template, env=env, full=full, root=root)
+        row = run_one(
+            cfg, fraction, seed, threads=threads, lab=lab, template=template, env=env, full=full, root=root
+        )
         with lock:
             with open(results, "a") as f:  # one whole line per run: a rerun skips it
                 f.write(json.dumps(row) + "\n")
@@ -273,7 +308,8 @@ def run_grid(todo: Sequence[tuple], *, results: Path, parallel: int, threads: in
                 os.fsync(f.fileno())
             print(
                 f"[{next(counter)}/{len(left)}] {row['key']}: val_bpb {row['val_bpb']} | {row['status']} | "
-                f"steps {row['steps']} ({row['steps_per_s']}/s) | wall {row['wall']:.1f} s | "
+                f"steps {row['steps']} ({row['steps_per_s']}/s) | got {row['got_share']} of the CPU"
+                f"{' DEGRADED' if row['degraded'] else ''} | wall {row['wall']:.1f} s | "
                 f"load {row['load_start']:.1f}-{row['load_end']:.1f}",
                 flush=True,
             )
@@ -292,7 +328,7 @@ def means(rows: Iterable[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
     """fraction -> config -> mean val_bpb over its ok runs."""
     vals: dict[float, dict[str, list[float]]] = {}
     for r in rows:
-        if r.get("val_bpb") is not None:
+        if usable(r):
             vals.setdefault(round(float(r["fraction"]), 4), {}).setdefault(r["config"], []).append(
                 float(r["val_bpb"])
             )
@@ -380,7 +416,7 @@ def noise(rows: Iterable[Mapping[str, Any]]) -> dict[float, float]:
     """fraction -> the pooled within-config sd of val_bpb (configs with 2 ok runs or more)."""
     by: dict[tuple[float, str], list[float]] = {}
     for r in rows:
-        if r.get("val_bpb") is not None:
+        if usable(r):
             by.setdefault((round(float(r["fraction"]), 4), r["config"]), []).append(float(r["val_bpb"]))
     ss: dict[float, list[float]] = {}
     for (f, _), v in by.items():
@@ -401,7 +437,7 @@ def costs(rows: Iterable[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
     """fraction -> mean wall seconds, mean training seconds, and the wall relative to full runs."""
     by: dict[float, list[Mapping[str, Any]]] = {}
     for r in rows:
-        if r.get("val_bpb") is not None:
+        if usable(r):
             by.setdefault(round(float(r["fraction"]), 4), []).append(r)
     out = {
         f: {
@@ -471,7 +507,7 @@ def fidelity_fit(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     depths = sorted({attrs[c]["depth"] for c in m[full]})
     if len(depths) >= 2:
         lo, hi = depths[0], depths[-1]
-        steps = {d: [float(r["steps"]) for r in rows if r.get("steps") and r["depth"] == d and round(float(r["fraction"]), 4) == full and r.get("val_bpb") is not None] for d in (lo, hi)}  # fmt: skip
+        steps = {d: [float(r["steps"]) for r in rows if r.get("steps") and r["depth"] == d and round(float(r["fraction"]), 4) == full and usable(r)] for d in (lo, hi)}  # fmt: skip
         sp = spread(m[full])
         if steps[lo] and steps[hi] and sp > 0:
             doublings = math.log2(statistics.fmean(steps[lo]) / statistics.fmean(steps[hi]))
@@ -528,11 +564,12 @@ def analyse(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     m = means(rows)
     attrs = attributes(rows)
     sd = noise(rows)
-    ok = [r for r in rows if r.get("val_bpb") is not None]
+    ok = [r for r in rows if usable(r)]
     return {
         "runs": len(rows),
         "ok": len(ok),
         "failed": [r["key"] for r in rows if r.get("val_bpb") is None],
+        "degraded": [r["key"] for r in rows if r.get("val_bpb") is not None and r.get("degraded")],
         "means": {f"{f:g}": v for f, v in m.items()},
         "correlations": correlations(m),
         "bias": {k: {f"{f:g}": v for f, v in by.items()} for k, by in rank_shifts(m, attrs).items()}
@@ -555,7 +592,10 @@ def analyse(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def print_report(a: Mapping[str, Any]) -> None:
-    print(f"runs: {a['runs']} ({a['ok']} ok; failed: {', '.join(a['failed']) or 'none'}); load {a['load']}")
+    print(
+        f"runs: {a['runs']} ({a['ok']} counted; failed: {', '.join(a['failed']) or 'none'}; degraded: "
+        f"{', '.join(a['degraded']) or 'none'}); load {a['load']}"
+    )
     print("\nrank transfer (Spearman rho of the configs' mean val_bpb, 95 % Fisher interval):")
     for c in a["correlations"]:
         iv = f"[{c['interval'][0]:+.2f}, {c['interval'][1]:+.2f}]" if c["interval"] else "n/a"
@@ -644,6 +684,12 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, help="folder for the lab and the runs (default: a temporary one)"
     )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="runs again of a failed or degraded run (default 1, as the fleet)",
+    )
     parser.add_argument("--report", action="store_true", help="only report on what --results holds")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
@@ -663,7 +709,7 @@ def main() -> None:
         if not fractions or not all(0 < f <= 1 for f in fractions):
             sys.exit(f"--budgets `{args.budgets}`: give fractions in (0, 1], e.g. 0.1,1/3,1")
         seeds = [int(s) for s in args.seeds.split(",") if s]
-        run_grid(plan(configs, fractions, seeds), results=args.results, parallel=args.parallel, threads=args.threads, work=args.work)  # fmt: skip
+        run_grid(plan(configs, fractions, seeds), results=args.results, parallel=args.parallel, threads=args.threads, work=args.work, retries=args.retries)  # fmt: skip
     report = analyse(read_rows(args.results))
     if args.as_json:
         print(json.dumps(report))

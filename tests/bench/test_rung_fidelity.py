@@ -105,8 +105,9 @@ def test_the_short_horizon_bias_says_high_learning_rates_rank_better_short() -> 
 def test_noise_costs_and_the_fidelity_parameters() -> None:
     rows = made_up_rows()
     rows.append({**rows[0], "key": "x", "val_bpb": None, "status": "invalid"})  # a failed run counts nowhere
+    rows.append({**rows[0], "key": "y", "val_bpb": 9.0, "degraded": True})  # nor does a starved one
     a = rf.analyse(rows)
-    assert a["failed"] == ["x"] and a["ok"] == 108
+    assert a["failed"] == ["x"] and a["degraded"] == ["y"] and a["ok"] == 108
     # seeds at -e, 0, +e: pooled sd = e * (1 + (1 - f)) with 2 degrees of freedom per config
     assert a["noise_sd"]["1"] == pytest.approx(0.002) and a["noise_sd"]["0.1"] == pytest.approx(0.0038)
     assert set(a["noise_sd"]) == {"0.1", "0.3333", "1"}
@@ -137,3 +138,12 @@ def test_a_torn_last_line_is_skipped_and_finished_runs_are_not_run_again(tmp_pat
     assert [r["key"] for r in rf.read_rows(path)] == [ok["key"], failed["key"]]
     todo = [(c, f, s) for c in rf.GRID[:1] for f in FRACTIONS for s in (0, 1, 2)]
     assert rf.remaining(todo, path) == [t for t in todo if rf.key(t[0].name, t[1], t[2]) != ok["key"]]
+    # a failed or degraded run runs again once, as the fleet re-runs a degraded run once
+    with open(path, "a") as f:
+        f.write("\n" + json.dumps({**failed, "val_bpb": 1.0, "degraded": True}) + "\n")
+    assert [rf.key(c.name, fr, s) for c, fr, s in rf.remaining(todo, path, retries=1)].count(
+        failed["key"]
+    ) == 0
+    assert [rf.key(c.name, fr, s) for c, fr, s in rf.remaining(todo, path, retries=2)].count(
+        failed["key"]
+    ) == 1
