@@ -588,10 +588,24 @@ class Fidelity:
 
     A short run flatters a high learning rate (the LR valley's centre moves up by `lr_shift`
     coded units times 1 - b), penalises size (WIDTH, DEPTH, MLP_RATIO: + `size_penalty` x the
-    member's spread x 1 - b per coded unit), and is noisier (sd x b ** -`noise_exp`); it costs
-    (b + `overhead`) / (1 + `overhead`) of a full run's time (start-up and scoring do not shrink).
-    The defaults are ASSUMPTIONS, not measurements: issue 34's item 3 (12 configurations x 3
-    budgets x 3 seeds on the cpu profile) is to replace them.
+    member's spread x 1 - b per coded unit; BATCH: `batch_penalty` likewise), and is noisier
+    (sd x b ** -`noise_exp`); it costs (b + `overhead`) / (1 + `overhead`) of a full run's time
+    (start-up and scoring do not shrink).
+
+    Where the numbers come from: bench/rung_fidelity.py runs the built-in GPT target on the cpu
+    profile (12 configurations: every LR knob scaled 1/3, 1, 3; depth 2, 3; total batch 2**11,
+    2**13; at 1/10, 1/3 and the whole 30 s budget, 3 seeds) through the harness supervisor at
+    the rung's budget, and `rung_fidelity.fidelity_fit` maps what it measures onto these fields
+    (its docstring has each formula): `lr_shift` is the move of the fitted LR optimum (a
+    parabola in log LR) in this family's coded LR units (1.5 decades each) per unit of 1 - b;
+    `size_penalty` the extra loss of the deeper model short, as a share of the configurations'
+    full-budget spread per doubling of compute per token (a WIDTH coded unit doubles run time
+    here); `batch_penalty` the same for 4x the total batch, per coded BATCH unit (2.5 doublings);
+    `noise_exp` how the seed noise grows against the configurations' spread at that budget;
+    `overhead` from a short run's wall time against a full one's. `--fidelity-from FILE` applies
+    that fit to a results file. The defaults below are still the ASSUMED values (bench/RESULTS.md,
+    2026-12-03): on the shared 2-core box the grid's runs were starved (`degraded` by the fleet's
+    health rule, or handed in past the grace), so no measured fit replaces them yet.
     """
 
     lr_shift: float = 0.4
