@@ -147,3 +147,13 @@ def test_a_torn_last_line_is_skipped_and_finished_runs_are_not_run_again(tmp_pat
     assert [rf.key(c.name, fr, s) for c, fr, s in rf.remaining(todo, path, retries=2)].count(
         failed["key"]
     ) == 1
+
+
+def test_the_fit_is_a_fidelity_of_the_family() -> None:
+    """The fields `fidelity_fit` gives are those `search_family.Fidelity` takes (`--fidelity-from`)."""
+    import search_family
+
+    fit = rf.fidelity_fit(made_up_rows())
+    assert set(fit) == {"lr_shift", "size_penalty", "batch_penalty", "noise_exp", "overhead"}
+    fid = search_family.Fidelity(**fit)
+    assert fid.lr_shift == fit["lr_shift"] and fid.overhead == fit["overhead"]
