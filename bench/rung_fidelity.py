@@ -596,6 +596,11 @@ def print_report(a: Mapping[str, Any]) -> None:
         f"runs: {a['runs']} ({a['ok']} counted; failed: {', '.join(a['failed']) or 'none'}; degraded: "
         f"{', '.join(a['degraded']) or 'none'}); load {a['load']}"
     )
+    if not a["ok"]:
+        print(
+            "nothing to report: every run failed or was degraded (--count-degraded shows what the starved runs say)"
+        )
+        return
     print("\nrank transfer (Spearman rho of the configs' mean val_bpb, 95 % Fisher interval):")
     for c in a["correlations"]:
         iv = f"[{c['interval'][0]:+.2f}, {c['interval'][1]:+.2f}]" if c["interval"] else "n/a"
