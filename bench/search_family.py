@@ -49,8 +49,15 @@ full runs at once), as `nightlab search --screen-tier` does; only full runs are 
 strategy is still judged on the full-budget truth. A short run's value comes from `Fidelity`
 (the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
 short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
-measurement is to replace them. A wave of an `@screen` strategy proposes workers x (full / short
-cost) x `--screen-wave` ideas. `heldout8` (h56-h63, seeds 800-819) is kept unread for it.
+measurement (bench/rung_fidelity.py; `--fidelity-from` fits them to its results) is to replace
+them; its 2026-12-03 runs were starved on the shared box and are not used. A wave of an `@screen`
+strategy proposes workers x (full / short cost) x `--screen-wave` ideas (0: workers). `+full`
+(`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
+full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
+promoted full runs still going are judged, against the incumbent of that moment, with the wave in
+which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
+was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) is kept
+unread for the measured short-run model.
 
 Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
