@@ -50,7 +50,7 @@ strategy is still judged on the full-budget truth. A short run's value comes fro
 (the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
 short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
 measurement (bench/rung_fidelity.py; `--fidelity-from` fits them to its results) is to replace
-them; its 2026-12-03 runs were starved on the shared box and are not used. A wave of an `@screen`
+them; its 2026-12-03 runs were mostly starved on the shared box, too few healthy to fit. A wave of an `@screen`
 strategy proposes workers x (full / short cost) x `--screen-wave` ideas (0: workers). `+full`
 (`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
 full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
@@ -611,8 +611,9 @@ class Fidelity:
     `noise_exp` how the seed noise grows against the configurations' spread at that budget;
     `overhead` from a short run's wall time against a full one's. `--fidelity-from FILE` applies
     that fit to a results file. The defaults below are still the ASSUMED values (bench/RESULTS.md,
-    2026-12-03): on the shared 2-core box the grid's runs were starved (`degraded` by the fleet's
-    health rule, or handed in past the grace), so no measured fit replaces them yet.
+    2026-12-03): on the shared 2-core box most of the grid's runs were starved (`degraded` by the
+    fleet's health rule, or handed in past the grace); the 24 healthy ones (seed 0, 5-9
+    configurations a budget) are too few for a fit, so none replaces them yet.
     """
 
     lr_shift: float = 0.4
