@@ -50,9 +50,9 @@ strategy is still judged on the full-budget truth. A short run's value comes fro
 (the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
 short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
 measurement (bench/rung_fidelity.py; `--fidelity-from` fits them to its results) is to replace
-them; its 2026-12-03 runs were mostly starved on the shared box, too few healthy to fit. A wave of an `@screen`
-strategy proposes workers x (full / short cost) x `--screen-wave` ideas (0: workers). `+full`
-(`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
+them; its 2026-12-03 runs were mostly starved on the shared box, too few healthy to fit.
+A wave of an `@screen` strategy proposes workers x (full / short cost) x `--screen-wave` ideas
+(0: workers). `+full` (`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
 full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
 promoted full runs still going are judged, against the incumbent of that moment, with the wave in
 which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
