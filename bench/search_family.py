@@ -49,10 +49,17 @@ full runs at once), as `nightlab search --screen-tier` does; only full runs are 
 strategy is still judged on the full-budget truth. A short run's value comes from `Fidelity`
 (the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
 short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
-measurement is to replace them. A wave of an `@screen` strategy proposes workers x (full / short
-cost) x `--screen-wave` ideas. `heldout8` (h56-h63, seeds 800-819) is kept unread for it.
+measurement (bench/rung_fidelity.py; `--fidelity-from` fits them to its results) is to replace
+them; its 2026-12-03 runs were mostly starved on the shared box, too few healthy to fit.
+A wave of an `@screen` strategy proposes workers x (full / short cost) x `--screen-wave` ideas
+(0: workers). `+full` (`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
+full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
+promoted full runs still going are judged, against the incumbent of that moment, with the wave in
+which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
+was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) is kept
+unread for the measured short-run model.
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
            [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
@@ -378,6 +385,10 @@ HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
 # `heldout8` (h56-h63 = member seeds 1056-1063, seeds 800-819) judges screening by budget (issue
 # 34, `@screen` strategies and `--fidelity`), read once, at the end.
 HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
+# `heldout8` was read by issue 34's second session while the short-run model was being measured
+# (it may be read, not trusted as unseen). `heldout9` (h64-h71 = member seeds 1064-1071, seeds
+# 900-919) judges screening with the measured `Fidelity`, read once, at the end.
+HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -388,6 +399,7 @@ SETS = {
     "heldout6": (HELDOUT6_MEMBERS, range(600, 620)),
     "heldout7": (HELDOUT7_MEMBERS, range(700, 720)),
     "heldout8": (HELDOUT8_MEMBERS, range(800, 820)),
+    "heldout9": (HELDOUT9_MEMBERS, range(900, 920)),
 }
 
 
@@ -583,16 +595,32 @@ class Fidelity:
 
     A short run flatters a high learning rate (the LR valley's centre moves up by `lr_shift`
     coded units times 1 - b), penalises size (WIDTH, DEPTH, MLP_RATIO: + `size_penalty` x the
-    member's spread x 1 - b per coded unit), and is noisier (sd x b ** -`noise_exp`); it costs
-    (b + `overhead`) / (1 + `overhead`) of a full run's time (start-up and scoring do not shrink).
-    The defaults are ASSUMPTIONS, not measurements: issue 34's item 3 (12 configurations x 3
-    budgets x 3 seeds on the cpu profile) is to replace them.
+    member's spread x 1 - b per coded unit; BATCH: `batch_penalty` likewise), and is noisier
+    (sd x b ** -`noise_exp`); it costs (b + `overhead`) / (1 + `overhead`) of a full run's time
+    (start-up and scoring do not shrink).
+
+    Where the numbers come from: bench/rung_fidelity.py runs the built-in GPT target on the cpu
+    profile (12 configurations: every LR knob scaled 1/3, 1, 3; depth 2, 3; total batch 2**11,
+    2**13; at 1/10, 1/3 and the whole 30 s budget, 3 seeds) through the harness supervisor at
+    the rung's budget, and `rung_fidelity.fidelity_fit` maps what it measures onto these fields
+    (its docstring has each formula): `lr_shift` is the move of the fitted LR optimum (a
+    parabola in log LR) in this family's coded LR units (1.5 decades each) per unit of 1 - b;
+    `size_penalty` the extra loss of the deeper model short, as a share of the configurations'
+    full-budget spread per doubling of compute per token (a WIDTH coded unit doubles run time
+    here); `batch_penalty` the same for 4x the total batch, per coded BATCH unit (2.5 doublings);
+    `noise_exp` how the seed noise grows against the configurations' spread at that budget;
+    `overhead` from a short run's wall time against a full one's. `--fidelity-from FILE` applies
+    that fit to a results file. The defaults below are still the ASSUMED values (bench/RESULTS.md,
+    2026-12-03): on the shared 2-core box most of the grid's runs were starved (`degraded` by the
+    fleet's health rule, or handed in past the grace); the 24 healthy ones (seed 0, 5-9
+    configurations a budget) are too few for a fit, so none replaces them yet.
     """
 
     lr_shift: float = 0.4
     size_penalty: float = 0.1
     noise_exp: float = 0.5
     overhead: float = 0.2
+    batch_penalty: float = 0.0
 
 
 SIZE_ROLES = ("WIDTH", "DEPTH", "MLP_RATIO")
@@ -606,8 +634,9 @@ def value_at(m: Member, v: Mapping[str, object], b: float, fid: Fidelity) -> flo
     lr = dims["LR"]
     shifted = {**v, "LR": lr.from_coded(lr.coded(v["LR"]) - fid.lr_shift * (1.0 - b))}
     sizes = sum(dims[s].coded(v[s]) for s in SIZE_ROLES if s in dims)
+    batch = dims["BATCH"].coded(v["BATCH"]) if "BATCH" in dims else 0.0
     spread = float(m.info.get("spread", 1.0))
-    return m.truth(shifted) + (1.0 - b) * fid.size_penalty * spread * sizes
+    return m.truth(shifted) + (1.0 - b) * spread * (fid.size_penalty * sizes + fid.batch_penalty * batch)
 
 
 class ScreenSim(Sim):
@@ -628,13 +657,18 @@ class ScreenSim(Sim):
         fid: Fidelity,
         repeats: int = 2,
         wave_scale: float = 1.0,
+        learn: str = "short",
+        pipeline: bool = False,
         **kw,
     ) -> None:
         super().__init__(m, **kw)
         self.wave_scale = wave_scale  # proposals per wave: workers x (full / short cost) x this
         self.fraction, self.eta, self.fid, self.repeats = fraction, eta, fid, repeats
+        self.learn, self.pipeline = learn, pipeline
         self.short: dict[tuple, list[Run]] = {}  # the rung's runs by configuration
         self.promoted: set[tuple] = set()
+        self.full_of: dict[str, list[Run]] = {}  # wave id -> the full runs its promotions started
+        self.going: dict[tuple, Run] = {}  # pipeline: promoted configuration -> its short run, until judged
 
     def _short(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
         knobs = {d.name: knobs[d.name] for d in self.m.dims}
@@ -702,20 +736,51 @@ class ScreenSim(Sim):
                     continue
                 if order.index(c.key) < cutoff and (inc is None or means[c.key] < inc):
                     self.promoted.add(c.key)
+                    self.going[c.key] = c
                     full += [self._run(c.knobs, r.end, params=c.params) for _ in range(self.repeats)]
         self.waves[wave_id] = members
-        self.full_of = getattr(self, "full_of", {})
         self.full_of[wave_id] = full
         return wave_id
+
+    def _full_done(self, key: tuple) -> list[float] | None:
+        """The full runs' values of a promoted configuration once all have ended by now, else None."""
+        runs = self.by_key.get(key, [])
+        if not runs or any(r.end > self.now for r in runs):
+            return None
+        return [r.value for r in runs if r.value is not None]
+
+    def _learned(self, r: Run) -> float | None:
+        """What the strategy is told of a screened run: its short value, or with `learn="full"` the
+        mean of its configuration's full runs once they have ended (a crash there: None)."""
+        if self.learn == "full" and r.key in self.promoted:
+            done = self._full_done(r.key)
+            if done is not None:
+                return statistics.fmean(done) if done else None
+        return r.value
 
     def wait(self, wave_id: str) -> list[Observation]:
         members = self.waves[wave_id]
         full = self.full_of.get(wave_id, [])
-        self.now = max([self.now] + [r.end for r in members + full + self.floor])
+        if not self.pipeline:  # the wave ends when its promotions' full runs end
+            self.now = max([self.now] + [r.end for r in members + full + self.floor])
+            self.floor = []
+            promoted = {r.key for r in full}
+            self.going = {}
+            self.judged[wave_id] = [r for r in members if r.key in promoted]
+            return [Observation(r.id, dict(r.params), self._learned(r)) for r in members]
+        # pipelined: the wave ends with its short round (and the noise floor); full runs still
+        # going are judged with the wave in which they end, against the incumbent of that moment
+        self.now = max([self.now] + [r.end for r in members + self.floor])
         self.floor = []
-        promoted = {r.key for r in full}
-        self.judged[wave_id] = [r for r in members if r.key in promoted]
-        return [Observation(r.id, dict(r.params), r.value) for r in members]
+        ready = [c for k, c in self.going.items() if self._full_done(k) is not None]
+        for c in ready:
+            del self.going[c.key]
+        self.judged[wave_id] = ready
+        own = {r.id for r in members}
+        late = [c for c in ready if c.id not in own]  # promoted in an earlier wave, ended now
+        return [Observation(r.id, dict(r.params), self._learned(r)) for r in members] + [
+            Observation(c.id, dict(c.knobs), self._learned(c)) for c in late
+        ]
 
 
 # --- one search ---------------------------------------------------------------------------------
@@ -767,18 +832,33 @@ def search(
 ) -> Trace:
     """Run one search of `strategy` on member `m` through `run_loop`; its path of true values.
 
-    `NAME@screen` (with `screen` = (budget fraction, eta, fidelity)) runs NAME's waves on a short
-    rung with asynchronous successive halving (`ScreenSim`)."""
-    name = strategy.split("@", 1)[0]
+    `NAME@screen` (with `screen` = (budget fraction, eta, fidelity, wave scale)) runs NAME's waves
+    on a short rung with asynchronous successive halving (`ScreenSim`); `+full` after it tells the
+    strategy a promoted configuration's full-run mean instead of its short value, `+pipe` ends a
+    wave with its short round (the promoted full runs are judged with the wave in which they end):
+    `pattern@screen+full+pipe`."""
+    name, _, variant = strategy.partition("@")
     strat = make_strategy(name, m.dims, seed=seed, **dict(options or {}))
     settle = not strat.settles_in_next_wave(workers)  # as `nightlab search`: no settle round then
-    if strategy.endswith("@screen"):
-        if screen is None:
-            sys.exit("`NAME@screen` needs --screen-fraction and --eta")
+    if variant.startswith("screen"):
+        extras = set(variant.split("+")[1:])
+        if screen is None or variant.split("+")[0] != "screen" or extras - {"full", "pipe"}:
+            sys.exit(
+                f"`{strategy}`: use NAME@screen, optionally +full and/or +pipe, with --screen-fraction and --eta"
+            )
         fraction, eta, fid, scale = screen
         # a settle round is the lab's too: its repeats are full runs of the picked candidate
         sim: Sim = ScreenSim(
-            m, fraction=fraction, eta=eta, fid=fid, wave_scale=scale, workers=workers, seed=seed, settle=True
+            m,
+            fraction=fraction,
+            eta=eta,
+            fid=fid,
+            wave_scale=scale,
+            learn="full" if "full" in extras else "short",
+            pipeline="pipe" in extras,
+            workers=workers,
+            seed=seed,
+            settle=True,
         )
     elif rolling:
         sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
@@ -969,6 +1049,12 @@ def main() -> None:
         metavar="K=V,...",
         help="Fidelity fields (lr_shift, size_penalty, noise_exp, overhead); defaults are assumptions",
     )
+    parser.add_argument(
+        "--fidelity-from",
+        default=None,
+        metavar="JSONL",
+        help="fit Fidelity to bench/rung_fidelity.py's results file (--fidelity overrides single fields)",
+    )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
     parser.add_argument(
@@ -982,7 +1068,13 @@ def main() -> None:
     strategies = [s for s in args.strategies.split(",") if s]
     options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
     members = [member(n) for n in names]
-    fid = Fidelity(**{k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)})
+    measured: dict[str, float] = {}
+    if args.fidelity_from:  # bench/rung_fidelity.py's results: the fit it prints, recomputed
+        from rung_fidelity import fidelity_fit, read_rows
+
+        measured = fidelity_fit(read_rows(Path(args.fidelity_from)))
+    given = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)}
+    fid = Fidelity(**{**measured, **given})
     if not 0 < args.screen_fraction < 1 or args.eta < 2:
         sys.exit("--screen-fraction must be in (0, 1) and --eta at least 2")
     screen = (args.screen_fraction, args.eta, fid, args.screen_wave)

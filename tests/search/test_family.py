@@ -4,6 +4,7 @@ is judged on noise-free values through the real loop, strategies and verdict rul
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -61,8 +62,8 @@ def test_member_seeds_are_what_the_names_say() -> None:
 
 def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
     """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
-    held-out set was read once and replaced (heldout, heldout2, ..., heldout7); heldout8 is kept unread
-    for screening by budget (issue 34)."""
+    held-out set was read once and replaced (heldout, heldout2, ..., heldout8); heldout9 is kept unread
+    for screening with the measured short-run model (issue 34)."""
     assert list(family.SETS) == [
         "dev",
         "heldout",
@@ -73,6 +74,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
         "heldout6",
         "heldout7",
         "heldout8",
+        "heldout9",
     ]
     names = list(family.SETS)
     member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
@@ -88,6 +90,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
     assert family.SETS["heldout6"] == ([f"h{i}" for i in range(40, 48)], range(600, 620))
     assert family.SETS["heldout7"] == ([f"h{i}" for i in range(48, 56)], range(700, 720))
     assert family.SETS["heldout8"] == ([f"h{i}" for i in range(56, 64)], range(800, 820))
+    assert family.SETS["heldout9"] == ([f"h{i}" for i in range(64, 72)], range(900, 920))
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:
@@ -151,3 +154,75 @@ def test_levers_split_a_search_s_time_into_waves_runs_and_a_carried_winner() -> 
     assert math.isclose(got["busy"], 12 / 18)
     never = family.Trace([0.0], [5.0], 0, 9, 0.0, 3, 0.1, log)  # the target was not reached
     assert family.levers(never, greedy_time=12.0, target=1.0, workers=3)["actual"] == 0.0
+
+
+def _lr_points(m, n: int) -> list[dict[str, str]]:
+    lr = next(d for d in m.dims if d.name == "LR")
+    return [{**m.start, "LR": lr.to_source(lr.from_coded(-0.9 + 1.8 * i / (n - 1)))} for i in range(n)]
+
+
+def test_a_short_run_ranks_like_a_full_one_when_the_fidelity_is_perfect_and_flatters_high_lr_otherwise() -> (
+    None
+):
+    m = family.member("d5")
+    points = [m.values(p) for p in _lr_points(m, 9)]
+    perfect = family.Fidelity(lr_shift=0.0, size_penalty=0.0)
+    assert [family.value_at(m, v, 0.2, perfect) for v in points] == [m.truth(v) for v in points]
+    assert [family.value_at(m, v, 1.0, family.Fidelity()) for v in points] == [m.truth(v) for v in points]
+    biased = family.Fidelity(lr_shift=0.4, size_penalty=0.0)
+    best_full = min(points, key=m.truth)["LR"]
+    best_short = min(points, key=lambda v: family.value_at(m, v, 0.2, biased))["LR"]
+    assert best_short > best_full  # the short run's best learning rate is higher
+    small, large = m.values({**m.start, "BATCH": "2**14"}), m.values({**m.start, "BATCH": "2**19"})
+    batchy = family.Fidelity(lr_shift=0.0, size_penalty=0.0, batch_penalty=0.5)
+    gap_short = family.value_at(m, large, 0.2, batchy) - family.value_at(m, small, 0.2, batchy)
+    assert gap_short == pytest.approx(m.truth(large) - m.truth(small) + 0.8 * 0.5 * m.info["spread"] * 2)
+
+
+def _screen(m, *, learn: str, pipeline: bool) -> family.ScreenSim:
+    perfect = family.Fidelity(lr_shift=0.0, size_penalty=0.0, noise_exp=0.0)
+    return family.ScreenSim(
+        m, fraction=1 / 3, eta=2, fid=perfect, learn=learn, pipeline=pipeline, workers=4, seed=0
+    )
+
+
+def test_a_screened_wave_waits_for_its_promotions_full_runs_unless_pipelined() -> None:
+    m = family.member("d5")  # no crash region
+    whole, piped = _screen(m, learn="short", pipeline=False), _screen(m, learn="full", pipeline=True)
+    for sim in (whole, piped):
+        sim.start_floor(0)
+        sim.wave = sim.submit(_lr_points(m, 7), 0)
+    assert whole.full_of[whole.wave] and piped.full_of[piped.wave]  # something was promoted
+    whole_obs = whole.wait(whole.wave)
+    assert whole.now == pytest.approx(max(r.end for r in whole.full_of[whole.wave]))
+    # not pipelined, the strategy is told the short values and every promotion is judged now
+    assert [o.value for o in whole_obs] == [r.value for r in whole.waves[whole.wave]]
+    assert {r.key for r in whole.judged[whole.wave]} == {r.key for r in whole.full_of[whole.wave]}
+
+    piped.wait(piped.wave)
+    shorts = piped.waves[piped.wave]
+    assert piped.now == pytest.approx(max(r.end for r in shorts))
+    going = [r for r in piped.full_of[piped.wave] if r.end > piped.now]
+    assert going  # the wave ended with its short round while promoted full runs still go
+    assert all(r.key not in {c.key for c in piped.judged[piped.wave]} for r in going)
+    # the next wave judges them once they have ended, and tells the strategy their full mean
+    later_wave = piped.submit(_lr_points(m, 7)[:1] + [{**m.start, "CLIP": "1.5"}], 1)
+    piped.free = [max(r.end for r in piped.full_of[piped.wave])] * 4  # the next round ends after them
+    later = piped.wait(later_wave)
+    judged = {c.key for c in piped.judged[later_wave]}
+    assert {r.key for r in going} <= judged
+    for o in later:
+        runs = piped.by_key.get(piped.key(o.knobs), [])
+        if piped.key(o.knobs) in {r.key for r in going}:
+            assert o.value == pytest.approx(statistics.fmean(r.value for r in runs))
+
+
+def test_a_screened_search_is_judged_on_full_runs_only_and_keeps_nothing_worse() -> None:
+    m = family.member("d5")
+    greedy = family.search(m, "greedy", workers=1, seed=0, waves=30)
+    screen = (1 / 3, 3, family.Fidelity(), 1.0)
+    for variant in ("pattern@screen", "pattern@screen+full+pipe"):
+        s = family.search(m, variant, workers=16, seed=0, waves=6, stop_at=greedy.truths[-1], screen=screen)
+        assert s.wrong == 0 and s.truths[-1] <= s.truths[0]
+    with pytest.raises(SystemExit):
+        family.search(m, "pattern@screen+fast", workers=16, seed=0, waves=1, screen=screen)
