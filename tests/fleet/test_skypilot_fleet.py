@@ -226,7 +226,7 @@ def test_launch_and_exec_get_real_tasks(sky_lab, fake):
     assert res.accelerators == {"H100": 1}
     assert res.infra.cloud == "Kubernetes"
     assert task.workdir == str(lab.resolve())
-    assert "nightlab.fleet.sky_task prepare" in task.setup and "pip install" in task.setup
+    assert "nightlab.fleet.worker_setup prepare" in task.setup and "pip install" in task.setup
     assert task.envs["NIGHTLAB_TIER"] == "h100" and task.envs["NIGHTLAB_BUILTIN"] == "0"
     (launch_call,) = [c for c in fake.calls if c[0] == "launch" and c[1][0] == cluster]
     assert launch_call[2] == {"idle_minutes_to_autostop": 60, "down": True}  # k8s: autodown

@@ -524,3 +524,12 @@ def test_a_rungs_budget_travels_to_the_remote_supervisor(tmp_path):
     proc = _run_on_fake_cluster(task, tmp_path / "cluster")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "budget=60.0" in job_log.clean_job_log(proc.stdout)[0]
+
+
+@pytest.mark.parametrize("module", ["nightlab.fleet.worker_setup", "nightlab.fleet.sky_task"])
+def test_the_set_up_entry_point_answers_under_both_names(module, tmp_path):
+    """Labs made before the split name `sky_task` in their fleet/skypilot.yaml set-up: it forwards."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "nope"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "usage: python -m nightlab.fleet.worker_setup prepare" in proc.stderr
