@@ -126,15 +126,22 @@ def test_a_stale_note_or_pid_file_is_not_trusted(lab):
     process.starting_path.write_text(str(dead.pid))
     process.pid_path.write_text(str(os.getpid()))  # no lock held: a leftover of a killed owner
     assert process.running_pid() is None
-    # a live pid that is not ours (no marker in its command line) is no starting owner either
-    process.starting_path.write_text(str(os.getpid()))
-    assert Singleton(process.lock_path, process.pid_path, marker="/no/such/lab").running_pid() is None
-    # nor is one that is ours but was noted longer ago than any start takes (its start failed)
-    ours = Singleton(process.lock_path, process.pid_path, marker="python")
-    assert ours.running_pid() == -1
-    old = time.time() - START_GRACE - 1
-    os.utime(process.starting_path, (old, old))
-    assert ours.running_pid() is None
+    # a live pid that is not ours (no marker in its command line) is no starting owner either; a
+    # child of known command line, not this process (a pytest-xdist worker retitles itself)
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        wait_until(lambda: alive(live.pid, marker="sleep"), what="the child's exec of sleep")
+        process.starting_path.write_text(str(live.pid))
+        assert Singleton(process.lock_path, process.pid_path, marker="/no/such/lab").running_pid() is None
+        # nor is one that is ours but was noted longer ago than any start takes (its start failed)
+        ours = Singleton(process.lock_path, process.pid_path, marker="sleep")
+        assert ours.running_pid() == -1
+        old = time.time() - START_GRACE - 1
+        os.utime(process.starting_path, (old, old))
+        assert ours.running_pid() is None
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_alive_has_one_answer_for_every_caller(tmp_path):
@@ -142,7 +149,9 @@ def test_alive_has_one_answer_for_every_caller(tmp_path):
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         assert local.alive is alive and control.alive is alive
-        assert alive(sleeper.pid) and alive(sleeper.pid, marker="sleep")
+        # Popen returns after the fork: the command line is python's until the exec (seen under load)
+        wait_until(lambda: alive(sleeper.pid, marker="sleep"), what="the child's exec of sleep")
+        assert alive(sleeper.pid)
         assert not alive(sleeper.pid, marker="something else")  # a recycled pid is not ours
         assert group_alive(sleeper.pid)
         assert not alive(None) and not alive(-1) and not alive(0)
