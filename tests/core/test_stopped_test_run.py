@@ -85,7 +85,14 @@ def test_a_run_stopped_mid_test_leaves_no_service(tmp_path, sig, workers):
         pytest_run.send_signal(sig)
         out, _ = pytest_run.communicate(timeout=120)
         wait_until(lambda: not alive(server) and not alive(dog), timeout=60, interval=0.1)
-        if sig == signal.SIGTERM:  # pytest stopped as after Ctrl-C, and the fixture stopped its service
+        if sig == signal.SIGTERM and workers:
+            # xdist's controller gives a busy worker 10 s (`EXIT_TIMEOUT`) after asking it to stop:
+            # its finalizer stops the service, or, when it is killed first (seen in 3 of 3 full-suite
+            # runs on 2026-12-03, never alone), its watchdog does. Either way nothing is left (above).
+            assert pytest_run.returncode == 2 and "KeyboardInterrupt" in out, out
+            finalized = (tmp_path / "mark.finalized").exists()
+            assert finalized != mark.exists() and (finalized or mark.read_text() == "reaped")
+        elif sig == signal.SIGTERM:  # pytest stopped as after Ctrl-C, and the fixture stopped its service
             assert pytest_run.returncode == 2 and "KeyboardInterrupt" in out, out
             assert (tmp_path / "mark.finalized").exists() and not mark.exists()
         else:  # no finalizer ran: the watchdog ran the cleanup command and ended the service
