@@ -203,3 +203,33 @@ def test_the_controller_judges_a_remote_report_by_its_gpu_when_it_has_one(monkey
     # nothing reported (an older worker, a lost job): no health, never degraded
     assert watch.finish(_Attempt(4), reported=None) is None
     assert watch.finish(_Attempt(5), reported={"wall_seconds": "x"}) is None
+
+
+def test_a_lane_s_report_carries_its_own_gpu_and_the_controller_judges_it(tmp_path, monkeypatch):
+    """On a 4-GPU node the lane of GPU 2 reports GPU 2's clocks (a stand-in `nvidia-smi` here), not GPU 0's."""
+    import threading
+
+    from nightlab.fleet.health import GpuWatcher
+    from nightlab.fleet.worker_health import WorkerSampler
+
+    smi = tmp_path / "nvidia-smi"
+    rows = "\\n".join(f"{i}, {1200 if i == 2 else 1980}, 1980, 97, 0x0" for i in range(4))
+    smi.write_text(f"#!/bin/sh\nprintf '{rows}\\n'\n")
+    smi.chmod(0o755)
+    sampler = WorkerSampler(
+        mark=f"test-gpu-{os.getpid()}",
+        threads=1,
+        exclude=set(),
+        gpus=GpuWatcher(interval=0.05, command=str(smi)),
+    )
+    thread = threading.Thread(target=sampler.run, kwargs={"interval": 0.05})
+    thread.start()
+    wait_until(lambda: 2 in sampler.gpus.indices(), what="a GPU sample")
+    time.sleep(0.2)
+    sampler.stop()
+    thread.join(10)
+    report = sampler.report(lane="2", visible="2").measurements()
+    assert report["gpu"] == 2 and report["sm_clock_share"] == pytest.approx(1200 / 1980, abs=1e-3)
+    monkeypatch.setenv(MIN_CPU_SHARE_ENV, "")
+    health = HealthWatch(_Fleet(), []).finish(_Attempt(9), reported=report)
+    assert health.degraded and "GPU 2 SM clock 61%" in health.reason

@@ -125,7 +125,11 @@ class Health:
 
     def measurements(self) -> dict[str, Any]:
         """What was measured, without a verdict: what a remote worker reports (`from_report`)."""
-        return {k: v for k, v in self.to_dict().items() if k in _MEASURED or k == "throttle"}
+        return {k: v for k, v in self.to_dict().items() if k not in _VERDICT}
+
+    def with_gpu(self, samples: list[dict[str, float]], gpu: int) -> Health:
+        """This health with one GPU's figures over `samples` (`gpu_health`)."""
+        return Health(**{**asdict(self), **gpu_health(samples, gpu)})
 
     @classmethod
     def from_report(cls, data: Any) -> Health | None:
@@ -141,11 +145,13 @@ class Health:
             kinds = int if whole else (int, float)
             return isinstance(value, kinds) and not isinstance(value, bool) and value >= 0
 
-        kept = {k: v for k, v in data.items() if k in _MEASURED and v is not None}
+        fields = cls.__dataclass_fields__
+        measured = set(fields) - _VERDICT - {"throttle"}
+        kept = {k: v for k, v in data.items() if k in measured and v is not None}
         throttle = data.get("throttle", {})
         if (
             not number(kept.get("wall_seconds"))
-            or not all(number(v, whole=k in ("threads", "gpu", "samples")) for k, v in kept.items())
+            or not all(number(v, whole=str(fields[k].type).startswith("int")) for k, v in kept.items())
             or not isinstance(throttle, dict)
             or not all(isinstance(k, str) and number(v) for k, v in throttle.items())
         ):
@@ -172,20 +178,8 @@ class Health:
         return f"degraded ({text}): {self.reason}" if self.degraded else f"healthy ({text})"
 
 
-# what a sample measures, as opposed to the verdict `judge` adds (threshold, degraded, reason)
-_MEASURED = [
-    "wall_seconds",
-    "threads",
-    "cpu_seconds",
-    "waited_seconds",
-    "cpu_share",
-    "got_share",
-    "load_per_core",
-    "gpu",
-    "sm_clock_mhz",
-    "sm_clock_share",
-    "samples",
-]
+# what `judge` adds to a sample; every other field of `Health` is measured
+_VERDICT = frozenset({"threshold", "degraded", "reason"})
 
 
 # ---------------------------------------------------------------------------- CPU
@@ -527,7 +521,7 @@ class HealthWatch:
         if gpu is None:
             return judge(health, min_got_share=self.min_got_share, min_clock_share=self.min_clock_share)
         index, since = gpu
-        health = Health(**{**asdict(health), **gpu_health(self.gpus.samples(index, since, now), index)})
+        health = health.with_gpu(self.gpus.samples(index, since, now), index)
         return judge(health, min_got_share=0, min_clock_share=self.min_clock_share)
 
     def lease_rule(self, slot: Any, busy: list[Any]) -> tuple[bool, list[str]]:

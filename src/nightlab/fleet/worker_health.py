@@ -39,7 +39,6 @@ from nightlab.fleet.health import (
     GpuWatcher,
     Health,
     MarkCache,
-    gpu_health,
     scan_runs,
 )
 
@@ -95,9 +94,7 @@ class WorkerSampler:
         gpu = pick_gpu(self.gpus.indices(), lane, visible)
         if gpu is None:
             return health
-        return Health(
-            **{**health.to_dict(), **gpu_health(self.gpus.samples(gpu, self.started_at, ended), gpu)}
-        )
+        return health.with_gpu(self.gpus.samples(gpu, self.started_at, ended), gpu)
 
 
 def main(argv: list[str] | None = None) -> int:
