@@ -42,6 +42,8 @@ import psutil
 import sky
 from sky import exceptions
 
+from nightlab.fleet.skypilot.core import cpu_count
+
 GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "A100": "NVIDIA A100-SXM4-80GB"}
 # Illustrative on-demand prices ($/h for one GPU); a real handle prices from SkyPilot's catalog.
 PRICES = {"H100": 2.99, "H200": 3.79, "A100": 1.79}
@@ -184,7 +186,7 @@ class FakeCloud:
         smi.chmod(0o755)
         count = next(iter(resources.accelerators.values())) if resources.accelerators else 1
         gpus = max(1, int(count))
-        cpus = _count(resources.cpus) or CPUS_PER_GPU * gpus
+        cpus = int(cpu_count(resources.cpus) or CPUS_PER_GPU * gpus)
         handle = SimpleNamespace(
             cluster_name=name,
             launched_nodes=1,
@@ -399,12 +401,7 @@ def _cpu_demand(c: FakeCluster, task: Any) -> float:
     if not c.slurm:
         return RAY_JOB_CPUS
     resources = next(iter(task.resources), None)
-    return float(min(c.cpus, _count(getattr(resources, "cpus", None)) or c.cpus))
-
-
-def _count(cpus: Any) -> int | None:
-    """`"4"` or `"4+"` (SkyPilot's spelling of a CPU count) as 4; None when not given."""
-    return int(float(str(cpus).rstrip("+"))) if cpus not in (None, "") else None
+    return float(min(c.cpus, cpu_count(getattr(resources, "cpus", None)) or c.cpus))
 
 
 def _copy_file_mounts(mounts: dict[str, str] | None, home: Path) -> None:

@@ -194,6 +194,14 @@ def lane_accelerators(pool: PoolConfig, *, runner: bool = False) -> Any:
     return {name: math.floor(10_000 / (depth + 1)) / 10_000}
 
 
+def cpu_count(cpus: Any) -> float | None:
+    """A CPU count as SkyPilot spells it (`4`, `"4"`, `"4+"`: at least 4) as a number; None when unsaid."""
+    try:
+        return float(str(cpus).rstrip("+")) if cpus not in (None, "") else None
+    except ValueError:
+        return None
+
+
 def lane_cpus(pool: PoolConfig, cluster_cpus: Any) -> str | None:
     """The CPUs each job of one lane of a Slurm cluster asks for: the cluster's over its slots.
 
@@ -202,12 +210,8 @@ def lane_cpus(pool: PoolConfig, cluster_cpus: Any) -> str | None:
     lanes one after another (measured on the real SkyPilot 0.14: a second lane's runner stayed
     PENDING). None for a one-slot cluster, other infra (Ray counts 0.5 CPU a job), or unknown CPUs.
     """
-    slots = slots_per_cluster(pool)
-    if slots == 1 or not str(pool.options.get("infra", "")).startswith("slurm") or cluster_cpus is None:
-        return None
-    try:
-        total = float(str(cluster_cpus).rstrip("+"))
-    except ValueError:
+    slots, total = slots_per_cluster(pool), cpu_count(cluster_cpus)
+    if slots == 1 or not str(pool.options.get("infra", "")).startswith("slurm") or total is None:
         return None
     return str(max(1, math.floor(total / slots)))
 
