@@ -337,17 +337,10 @@ def means(rows: Iterable[Mapping[str, Any]]) -> dict[float, dict[str, float]]:
 
 def ranks(values: Mapping[str, float]) -> dict[str, float]:
     """Rank of each config, 1 = lowest (best) value; ties share their mean rank."""
-    order = sorted(values, key=values.get)
-    out: dict[str, float] = {}
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for c in order[i : j + 1]:
-            out[c] = (i + j) / 2 + 1
-        i = j + 1
-    return out
+    from scipy.stats import rankdata
+
+    names = list(values)
+    return dict(zip(names, map(float, rankdata([values[c] for c in names], method="average")), strict=True))
 
 
 def correlations(m: Mapping[float, Mapping[str, float]]) -> list[dict[str, Any]]:
