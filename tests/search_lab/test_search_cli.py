@@ -91,6 +91,15 @@ def test_factorial_and_optuna_waves(quick_lab):
     assert re.match(r"w\d{3} \(search wave 1\): 2/2 runs", line)
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """Give the child the SIGINT disposition a terminal's foreground job has.
+
+    A suite started in the background (`make test &`, `nohup`) runs with SIGINT ignored, and a
+    child inherits that: its Ctrl-C would never arrive (three full runs timed out so, session 31).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def search_until_waiting(lab, strategy: str) -> tuple[subprocess.Popen, list[str]]:
     """Start `search --waves 1` over WIDE and read its stderr up to its first progress line,
     which it prints once it waits for submitted runs: (the process, the lines read)."""
@@ -107,7 +116,13 @@ def search_until_waiting(lab, strategy: str) -> tuple[subprocess.Popen, list[str
         "1",
     ]
     proc = subprocess.Popen(
-        args, cwd=lab, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+        args,
+        cwd=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     said = []
     for line in proc.stderr:
