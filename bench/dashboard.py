@@ -56,7 +56,7 @@ def build_lab(root: Path, n: int) -> Path:
             new.append(
                 NewExperiment(
                     snapshot=f"{i + 1:040x}" if i >= 3 else head,
-                    tree=own_tree,
+                    identity=own_tree,
                     parent=head,
                     description=f"idea {i}: try LR {0.01 + i * 1e-5:.5f} with a longer description of the change",
                     tier="cpu",

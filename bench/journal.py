@@ -85,7 +85,7 @@ def per_idea_git_show(lab) -> int:
 
     firsts = {}
     for e in lab.ledger.experiments():
-        firsts.setdefault(e.tree, e)
+        firsts.setdefault(e.identity, e)
     for e in firsts.values():
         old = subprocess.run(
             ["git", "show", f"{e.parent}:train.py"], cwd=lab.path, capture_output=True, text=True

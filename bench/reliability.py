@@ -303,7 +303,7 @@ def bench_load(root: Path, clients: int, rounds: int, rows: list) -> None:
             )
 
 
-def _grow(lab: Path, ledger, target: int, snapshot: str, tree: str) -> None:
+def _grow(lab: Path, ledger, target: int, snapshot: str, ident: str) -> None:
     """Add experiments through the ledger API and run each through a lease and a finish."""
     from nightlab.ledger import NewExperiment
 
@@ -313,7 +313,7 @@ def _grow(lab: Path, ledger, target: int, snapshot: str, tree: str) -> None:
         new = [
             NewExperiment(
                 snapshot=snapshot,
-                tree=tree,
+                identity=ident,
                 parent=None,
                 description=f"bench {have + i}",
                 tier="cpu",
@@ -353,12 +353,12 @@ def bench_big_ledger(root: Path, sizes: list[int], rows: list) -> None:
         [first] = rel.submit_many(lab, 1)
         with open_ledger(lab) as ledger:
             e = ledger.get(first)
-            snapshot, tree = e.snapshot, e.tree
+            snapshot, ident = e.snapshot, e.identity
         table: dict[str, list[str]] = {}
         for size in sizes:
             with open_ledger(lab) as ledger:
                 t0 = time.perf_counter()
-                _grow(lab, ledger, size, snapshot, tree)
+                _grow(lab, ledger, size, snapshot, ident)
                 grow_s = time.perf_counter() - t0
             db_mb = (lab / ".nightlab" / "ledger.db").stat().st_size / 2**20
             figures = {}
@@ -401,7 +401,7 @@ def bench_big_ledger(root: Path, sizes: list[int], rows: list) -> None:
                     [
                         NewExperiment(
                             snapshot=snapshot,
-                            tree=tree,
+                            identity=ident,
                             parent=None,
                             description="turn",
                             tier="cpu",

@@ -123,7 +123,7 @@ def main() -> None:
                 e = ledger.get(first)
             for size in sizes:
                 with open_ledger(lab) as ledger:
-                    bench._grow(lab, ledger, size, e.snapshot, e.tree)
+                    bench._grow(lab, ledger, size, e.snapshot, e.identity)
                 for k, (w, c) in figures(lab).items():
                     table.setdefault(k, []).append(f"{w:.2f} / {c:.2f}")
                 print(f"  {size} done", file=sys.stderr)

@@ -53,7 +53,7 @@ def repeat_groups(
     for e in runs:
         v = e.metric(metric)
         if e.ok and v is not None and (epoch is None or e.epoch == epoch):
-            groups.setdefault(e.tree, []).append(v)
+            groups.setdefault(e.identity, []).append(v)
     return list(groups.values())
 
 
@@ -67,7 +67,9 @@ def baseline_figures(
         mine = [e for e in experiments if e.tier == t]
         first = min((e for e in mine if e.verdict == Verdict.BASELINE), key=lambda e: e.seq, default=None)
         out[t] = (
-            None if first is None else figure(ok_values([e for e in mine if e.tree == first.tree], metric))
+            None
+            if first is None
+            else figure(ok_values([e for e in mine if e.identity == first.identity], metric))
         )
     return out
 
@@ -160,10 +162,11 @@ def ranking(
         keys = ledger.rank_keys(metric, tier=tier)
     else:
         keys = [RankKey.of(e, metric) for e in experiments]
-    head_tree = identity.incumbent(lab_dir).tree
+    head_identity = identity.incumbent(lab_dir).identity
     tiers = sorted({k.tier for k in keys} | ({tier} if tier else set()))
     incumbents = {
-        t: figure(ok_values([k for k in keys if k.tree == head_tree and k.tier == t], metric)) for t in tiers
+        t: figure(ok_values([k for k in keys if k.identity == head_identity and k.tier == t], metric))
+        for t in tiers
     }
     ranked = []
     current = identity.epoch_key(config)
@@ -173,9 +176,9 @@ def ranking(
         inc = incumbents.get(k.tier)
         # a run of another comparison epoch was measured differently: no delta against today's incumbent
         comparable = value is not None and inc is not None and k.epoch == current
-        mine = k.tree == head_tree
-        earlier = k.judged_tree is not None and k.judged_tree != head_tree and not mine
-        moved = k.judged_tree == head_tree and not mine and _judged_on_another_figure(k, inc)
+        mine = k.identity == head_identity
+        earlier = k.judged_identity is not None and k.judged_identity != head_identity and not mine
+        moved = k.judged_identity == head_identity and not mine and _judged_on_another_figure(k, inc)
         ranked.append(Ranked(k, value, value - inc.mean if comparable else None, earlier, ok and mine, moved))
     sign = 1 if config.metric.lower_is_better else -1
     ok = sorted((r for r in ranked if r.value is not None), key=lambda r: (sign * r.value, r.key.seq))

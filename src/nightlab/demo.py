@@ -185,7 +185,7 @@ def _run(
         prepare(profile, progress=True)
         tier = lab.config.fleet.default_tier
         metric = lab.config.metric.name
-        base_tree = lab.head_tree()
+        base_identity = lab.head_identity()
         say(
             f"[3/6] measuring the carried-over baseline {BASELINE_RUNS} times: the noise floor "
             f"({profile.budget_seconds:.0f} s of training each)"
@@ -211,7 +211,7 @@ def _run(
 
         say("[6/6] writing the report")
         files = write_report(lab.ledger, lab.config, lab.path, wide=True)
-        found = _findings(lab, sweep.wave.id, base_tree, best, tier, adopted=adopted)
+        found = _findings(lab, sweep.wave.id, base_identity, best, tier, adopted=adopted)
         result = DemoResult(
             lab=directory,
             baseline=baseline,
@@ -314,7 +314,7 @@ def _settle(lab, best, tier: str, wave_id: str, *, say):
 
     left = MAX_SETTLE_REPEATS
     while best is not None and best.verdict == "within-noise" and left > 0:
-        decision = lab.judge().decision(best.tree, best.tier)
+        decision = lab.judge().decision(best.identity, best.tier)
         wanted = decision.repeats_to_settle.candidate if decision and decision.repeats_to_settle else None
         if wanted is None or wanted > left:
             break  # out of the demo's reach: the story says so
@@ -328,20 +328,20 @@ def _settle(lab, best, tier: str, wave_id: str, *, say):
     return best
 
 
-def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bool) -> dict[str, Any]:
+def _findings(lab, wave_id: str, base_identity: str, best, tier: str, *, adopted: bool) -> dict[str, Any]:
     """The figures of the story: every variant of the wave, the noise, the winner's margin, the diff."""
     from nightlab import snapshots
     from nightlab.analysis import figure, noise_sigma, ok_values
     from nightlab.waves import wave_points
 
     metric = lab.config.metric.name
-    by_tree: dict[str, tuple[Any, dict[str, str]]] = {}
+    by_identity: dict[str, tuple[Any, dict[str, str]]] = {}
     for e, knobs in wave_points(lab, lab.ledger.wave(wave_id)):
-        if e.tree != base_tree:  # the baseline's own repeats are not a variant
-            by_tree.setdefault(e.tree, (e, knobs))
+        if e.identity != base_identity:  # the baseline's own repeats are not a variant
+            by_identity.setdefault(e.identity, (e, knobs))
     variants = []
-    for tree, (e, knobs) in by_tree.items():
-        runs = lab.ledger.experiments(tree=tree, tier=tier)
+    for ident, (e, knobs) in by_identity.items():
+        runs = lab.ledger.experiments(identity=ident, tier=tier)
         fig = figure(ok_values(runs, metric))
         if fig is not None:
             verdicts = {r.verdict for r in runs if r.ok}
@@ -350,7 +350,7 @@ def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bo
                     e.id, knobs, fig.mean, fig.std, fig.n, verdicts.pop() if len(verdicts) == 1 else e.verdict
                 )
             )
-    base_fig = figure(ok_values(lab.ledger.experiments(tree=base_tree, tier=tier), metric))
+    base_fig = figure(ok_values(lab.ledger.experiments(identity=base_identity, tier=tier), metric))
     sigma, _ = noise_sigma(lab.ledger, metric, tier)
     out: dict[str, Any] = {
         "variants": variants,
@@ -365,16 +365,16 @@ def _findings(lab, wave_id: str, base_tree: str, best, tier: str, *, adopted: bo
     }
     if best is None or base_fig is None:
         return out
-    best_fig = figure(ok_values(lab.ledger.experiments(tree=best.tree, tier=tier), metric))
+    best_fig = figure(ok_values(lab.ledger.experiments(identity=best.identity, tier=tier), metric))
     if best_fig is None:
         return out
     from nightlab.identity import Incumbent
 
     # judged against the baseline, which an adoption has just replaced as the incumbent
-    judge, baseline = lab.judge(), Incumbent(lab.ledger.wave(wave_id).base_snapshot, base_tree)
-    decision = judge.decision(best.tree, tier, inc=baseline)
+    judge, baseline = lab.judge(), Incumbent(lab.ledger.wave(wave_id).base_snapshot, base_identity)
+    decision = judge.decision(best.identity, tier, inc=baseline)
     # what the rule asked: the t threshold for the floor's dof at the wave's Sidak level
-    z_needed = decision.threshold if decision is not None else judge.z_for(best.tree, tier, base_tree)
+    z_needed = decision.threshold if decision is not None else judge.z_for(best.identity, tier, base_identity)
     out.update(
         best_mean=best_fig.mean,
         best_runs=best_fig.n,

@@ -1,7 +1,7 @@
 """A snapshot's research identity: the files a run uses and the setup it is measured under.
 
-Results are pooled and compared by this key (the ledger's `tree` column), not by the git
-tree of the whole commit. The whole tree holds the lab's paperwork too, `nightlab.toml`,
+Results are pooled and compared by this key (the ledger's `identity` column, named `tree`
+before ledger schema v6), not by the git tree of the whole commit. The whole tree holds the lab's paperwork too, `nightlab.toml`,
 `program.md`, notes, agent skills, so a commit of the config alone used to make the same
 `train.py` a new, unmeasured incumbent. The key is a sha256 over
 
@@ -139,7 +139,7 @@ class Incumbent:
     """The lab's incumbent: its commit (HEAD) and its research identity (what its runs are keyed on)."""
 
     commit: str
-    tree: str
+    identity: str
 
 
 def incumbent(lab_dir: Path) -> Incumbent:

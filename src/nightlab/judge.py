@@ -80,7 +80,7 @@ _PROVISIONAL = (None, Verdict.WITHIN_NOISE)
 _PROMOTABLE = (Verdict.KEEP, Verdict.WITHIN_NOISE)
 
 
-def kept(e: Experiment, adopted_trees: Iterable[str]) -> bool:
+def kept(e: Experiment, adopted_identities: Iterable[str]) -> bool:
     """Whether a run counts as kept: its snapshot was adopted (or is the baseline) and it ran ok.
 
     A run that beat the incumbent but lost to its wave's best carries `keep` without being on the
@@ -90,16 +90,16 @@ def kept(e: Experiment, adopted_trees: Iterable[str]) -> bool:
         return False
     if e.adopted_at is not None or e.verdict == Verdict.BASELINE:
         return True
-    return e.verdict == Verdict.KEEP and e.tree in set(adopted_trees)
+    return e.verdict == Verdict.KEEP and e.identity in set(adopted_identities)
 
 
-def tsv_status(e: Experiment, adopted_trees: Iterable[str]) -> str:
+def tsv_status(e: Experiment, adopted_identities: Iterable[str]) -> str:
     """The autoresearch status of a run in results.tsv: keep, discard or crash."""
     if e.degraded:  # it ran to the end on a starved or throttled machine: not kept, not a crash
         return "discard"
     if not e.ok:
         return "crash"
-    return "keep" if kept(e, adopted_trees) else "discard"
+    return "keep" if kept(e, adopted_identities) else "discard"
 
 
 def verdict_context(
@@ -179,12 +179,12 @@ class Judge:
     def incumbent(self) -> Incumbent:
         return identity.incumbent(self.lab_dir)
 
-    def values(self, tree: str, tier: str) -> list[float]:
-        """The metric of every ok run of the snapshot `tree` on `tier`."""
-        return ok_values(self.ledger.experiments(tree=tree, tier=tier), self.metric)
+    def values(self, ident: str, tier: str) -> list[float]:
+        """The metric of every ok run of the snapshot `ident` on `tier`."""
+        return ok_values(self.ledger.experiments(identity=ident, tier=tier), self.metric)
 
     def incumbent_figure(self, tier: str, inc: Incumbent | None = None) -> Figure | None:
-        return figure(self.values((inc or self.incumbent()).tree, tier))
+        return figure(self.values((inc or self.incumbent()).identity, tier))
 
     def sigma(self, tier: str) -> float | None:
         """The tier's noise floor in the comparison epoch in force."""
@@ -201,36 +201,38 @@ class Judge:
         f = self.incumbent_figure(tier, inc)
         return {
             "incumbent": inc.commit,
-            "tree": inc.tree,
+            "identity": inc.identity,
             "mean": f.mean if f else None,
             "n": f.n if f else 0,
         }
 
     # ------------------------------------------------------------------ the rules
 
-    def wave_z(self, wave: str | None, head_tree: str) -> float:
+    def wave_z(self, wave: str | None, head_identity: str) -> float:
         """`[search] z`, raised for a member of `wave` by the Sidak correction for its candidate count."""
         if wave is None:
             return self.config.search.z
-        trees = {e.tree for e in self.ledger.experiments(wave=wave, with_metrics=False)} - {head_tree}
-        return adjusted_z(self.config.search.z, len(trees))
+        idents = {e.identity for e in self.ledger.experiments(wave=wave, with_metrics=False)} - {
+            head_identity
+        }
+        return adjusted_z(self.config.search.z, len(idents))
 
-    def z_for(self, tree: str, tier: str, head_tree: str) -> float:
+    def z_for(self, ident: str, tier: str, head_identity: str) -> float:
         """The z a snapshot is judged with on `tier`: that of the wave it first ran in there."""
-        runs = self.ledger.experiments(tree=tree, tier=tier, with_metrics=False)
+        runs = self.ledger.experiments(identity=ident, tier=tier, with_metrics=False)
         first = min(runs, key=lambda e: e.seq, default=None)
-        return self.wave_z(first.wave if first else None, head_tree)
+        return self.wave_z(first.wave if first else None, head_identity)
 
     def decision(
-        self, tree: str, tier: str, *, extra: float | None = None, inc: Incumbent | None = None
+        self, ident: str, tier: str, *, extra: float | None = None, inc: Incumbent | None = None
     ) -> Decision | None:
-        """The `Decision` for the snapshot `tree` on `tier` against the incumbent, or None if undecidable.
+        """The `Decision` for the snapshot `ident` on `tier` against the incumbent, or None if undecidable.
 
-        `extra` is a result of `tree` that is not in the ledger yet (the run being recorded).
+        `extra` is a result of `ident` that is not in the ledger yet (the run being recorded).
         """
         inc = inc or self.incumbent()
-        incumbent = self.values(inc.tree, tier)
-        candidate = self.values(tree, tier)
+        incumbent = self.values(inc.identity, tier)
+        candidate = self.values(ident, tier)
         if extra is not None:
             candidate.append(extra)
         if not incumbent or not candidate:
@@ -241,7 +243,7 @@ class Judge:
             incumbent,
             noise_sigma=sigma,
             noise_dof=dof,
-            z=self.z_for(tree, tier, inc.tree),
+            z=self.z_for(ident, tier, inc.identity),
             lower_is_better=self.lower_is_better,
         )
 
@@ -259,11 +261,11 @@ class Judge:
         if outcome != Outcome.OK:
             return Verdict.CRASH
         inc = inc or self.incumbent()
-        if exp.tree == inc.tree:
+        if exp.identity == inc.identity:
             # the incumbent's own runs: kept if it came from an adoption, else the starting point
-            runs = self.ledger.experiments(tree=exp.tree, with_metrics=False)
+            runs = self.ledger.experiments(identity=exp.identity, with_metrics=False)
             return Verdict.KEEP if any(e.adopted_at is not None for e in runs) else Verdict.BASELINE
-        decision = self.decision(exp.tree, exp.tier, extra=value, inc=inc)
+        decision = self.decision(exp.identity, exp.tier, extra=value, inc=inc)
         return Verdict(decision.verdict) if decision is not None else None
 
     def settle_hint(self, exp: Experiment, inc: Incumbent | None = None) -> str:
@@ -271,13 +273,13 @@ class Judge:
 
         The repeats come from the same decision (and z) that gave the stored verdict.
         """
-        decision = self.decision(exp.tree, exp.tier, inc=inc)
+        decision = self.decision(exp.identity, exp.tier, inc=inc)
         noise = f"`nightlab noise --tier {exp.tier}`"
         if decision is None:  # the incumbent's runs there are gone from the figures (degraded, crashed)
             return f"{exp.id} is within noise, and the incumbent has no ok run on {exp.tier} now: run {noise}"
         if decision.se is None:
             # not a small gain: nothing measures the noise yet (a side of one run, no floor on the tier)
-            single = len(self.values(exp.tree, exp.tier)) == 1
+            single = len(self.values(exp.identity, exp.tier)) == 1
             steps = [f"{noise} (the tier's noise floor, from more runs of the incumbent)"]
             if single:
                 steps.insert(0, f'`nightlab submit --from {exp.id} --repeats 1 -m "repeat {exp.id}"`')
@@ -307,14 +309,14 @@ class Judge:
         if exp.degraded:
             return exp.detail, None  # its re-run is named beside it (`Ledger.rerun_links`)
         inc = inc or self.incumbent()
-        if not exp.ok or exp.tree == inc.tree:
+        if not exp.ok or exp.identity == inc.identity:
             return None, None  # a crash says why in its detail; the incumbent is not a candidate
         if exp.verdict is None:
             return (
                 f"not judged: the incumbent had no ok run on tier {exp.tier} when it ended",
                 f"measure the incumbent with `nightlab noise --tier {exp.tier}`",
             )
-        decision = self.decision(exp.tree, exp.tier, inc=inc)
+        decision = self.decision(exp.identity, exp.tier, inc=inc)
         if decision is None or decision.verdict != exp.verdict:
             judged = exp.judged or {}
             mean = judged.get("mean")
@@ -344,18 +346,18 @@ class Judge:
         """A search wave's best candidate on `tier` and its decision, z corrected for the candidates measured.
 
         Args:
-            candidates: the run standing for each candidate -> its snapshot (`tree`).
+            candidates: the run standing for each candidate -> its snapshot (`ident`).
 
         Returns:
             (run id, decision), or None when the incumbent or every candidate is unmeasured there.
         """
         inc = inc or self.incumbent()
-        incumbent = self.values(inc.tree, tier)
+        incumbent = self.values(inc.identity, tier)
         if not incumbent:
             return None
         sigma, dof = self.floor(tier)
         return best_of_wave(
-            {rep: self.values(tree, tier) for rep, tree in candidates.items()},
+            {rep: self.values(ident, tier) for rep, ident in candidates.items()},
             incumbent,
             noise_sigma=sigma,
             noise_dof=dof,
@@ -369,13 +371,14 @@ class Judge:
 
         `waves.promote_wave` and the search loop's screen both ask this, so they promote the same runs.
         """
-        head_tree = (inc or self.incumbent()).tree
-        by_tree: dict[str, list[Experiment]] = {}
+        head_identity = (inc or self.incumbent()).identity
+        by_identity: dict[str, list[Experiment]] = {}
         for e in runs:
-            if e.ok and e.tree != head_tree and e.verdict in _PROMOTABLE:
-                by_tree.setdefault(e.tree, []).append(e)
+            if e.ok and e.identity != head_identity and e.verdict in _PROMOTABLE:
+                by_identity.setdefault(e.identity, []).append(e)
         means = {
-            group[0].id: statistics.fmean(self.values(tree, group[0].tier)) for tree, group in by_tree.items()
+            group[0].id: statistics.fmean(self.values(ident, group[0].tier))
+            for ident, group in by_identity.items()
         }
         chosen = promote(means, k, lower_is_better=self.lower_is_better) if means else []
         return Screened(means, chosen)
@@ -400,7 +403,7 @@ class Judge:
         self._refresh_siblings(exp, verdict, judged)
         if verdict in (Verdict.KEEP, Verdict.BASELINE):
             inc = self.incumbent()
-            if exp.tree == inc.tree:
+            if exp.identity == inc.identity:
                 # the incumbent's figure (and maybe the noise floor) changed: candidates judged
                 # too early get their verdict now, not when someone happens to read them
                 self.refresh_pending(exp.tier, inc)
@@ -432,12 +435,12 @@ class Judge:
         An adopted run keeps the verdict it was adopted with: a forced adoption stays on record as
         what it was (`incumbent (was within-noise)`), not a `keep` its later repeats carry.
         """
-        for other in self.ledger.experiments(tree=exp.tree, tier=exp.tier, with_metrics=False):
+        for other in self.ledger.experiments(identity=exp.identity, tier=exp.tier, with_metrics=False):
             if other.id == exp.id or not other.ok or other.adopted_at is not None:
                 continue
             # a candidate's same verdict on a newer figure is stored with it too: listings mark a
             # verdict judged on another figure than today's (`analysis.ranking`)
-            newer = judged is not None and judged.get("tree") != exp.tree and other.judged != judged
+            newer = judged is not None and judged.get("identity") != exp.identity and other.judged != judged
             if other.verdict != verdict or newer:
                 self.ledger.set_verdict(other.id, verdict, judged=judged)
 
@@ -454,9 +457,9 @@ class Judge:
             status=ExperimentStatus.FINISHED, tier=tier, parent=inc.commit, with_metrics=False
         )
         for e in candidates:
-            if e.tree in seen or e.tree == inc.tree or not e.ok or e.verdict not in _PROVISIONAL:
+            if e.identity in seen or e.identity == inc.identity or not e.ok or e.verdict not in _PROVISIONAL:
                 continue
-            seen.add(e.tree)
+            seen.add(e.identity)
             new = self.verdict(e, Outcome.OK, None, inc)
             judged = self.context(tier, inc)
             if new is not None and (new != e.verdict or e.judged != judged):
@@ -475,6 +478,6 @@ class Judge:
         self.ledger.mark_adopted(exp.id, verdict=exp.verdict)
         if decided_on is None:
             return
-        for e in self.ledger.experiments(tree=exp.tree, tier=decided_on, with_metrics=False):
+        for e in self.ledger.experiments(identity=exp.identity, tier=decided_on, with_metrics=False):
             if e.ok:
                 self.ledger.set_verdict(e.id, Verdict.KEEP)

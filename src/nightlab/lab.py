@@ -127,9 +127,9 @@ class Lab:
     def head(self) -> str:
         return self.incumbent().commit
 
-    def head_tree(self) -> str:
+    def head_identity(self) -> str:
         """The incumbent's research identity (`nightlab.identity`): what its runs are keyed on."""
-        return self.incumbent().tree
+        return self.incumbent().identity
 
     def judge(self) -> Judge:
         """The lab's verdict policy (`nightlab.judge`), the only writer of verdicts."""
@@ -248,17 +248,17 @@ class Lab:
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
         # keyed on the files it runs under the configuration in force, not on the whole tree
-        tree, epoch = identity.of(self.path, commit, config=self.config), identity.epoch_key(self.config)
+        ident, epoch = identity.of(self.path, commit, config=self.config), identity.epoch_key(self.config)
         if seed is not None:
             seeds = [seed]
         elif repeats == 1 and not fresh_seeds:
             seeds = [0]
         else:
-            used = self.ledger.seeds_used(tree, tier)
+            used = self.ledger.seeds_used(ident, tier)
             seeds = [s for s in range(len(used) + repeats) if s not in used][:repeats]
         if not force:
             for s in seeds:
-                prior = self.ledger.find_measured(tree, tier, s)
+                prior = self.ledger.find_measured(ident, tier, s)
                 if prior is not None:
                     done = prior.status.is_finished()
                     where = f"measured by {prior.id}" if done else f"{prior.status.label} as {prior.id}"
@@ -271,7 +271,7 @@ class Lab:
         new = [
             NewExperiment(
                 snapshot=commit,
-                tree=tree,
+                identity=ident,
                 parent=parent,
                 description=description,
                 tier=tier,

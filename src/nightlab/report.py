@@ -32,9 +32,9 @@ from nightlab.ledger import Experiment, ExperimentStatus, Ledger, Verdict
 _FIXED_WIDE = ("tier", "seed", "wave", "outcome", "verdict", "submitted_at", "started_at", "finished_at")
 
 
-def adopted_trees(exps: Iterable[Experiment]) -> set[str]:
+def adopted_identities(exps: Iterable[Experiment]) -> set[str]:
     """The snapshots the lab adopted (an adopted snapshot is the incumbent on every tier)."""
-    return {e.tree for e in exps if e.adopted_at is not None}
+    return {e.identity for e in exps if e.adopted_at is not None}
 
 
 def _clean(text: str) -> str:
@@ -45,7 +45,7 @@ def results_tsv(ledger: Ledger, config: LabConfig, *, wide: bool = False, tier: 
     """The text of results.tsv: finished experiments in submission order, of one `tier` (or all)."""
     metric = config.metric.name
     finished = ledger.experiments(status=ExperimentStatus.FINISHED)
-    adopted = adopted_trees(finished)
+    adopted = adopted_identities(finished)
     exps = [e for e in finished if tier is None or e.tier == tier]
     extra: list[str] = []
     if wide:
@@ -82,7 +82,7 @@ def kept_snapshots(kept: Iterable[Experiment], metric: str) -> list[tuple[Experi
     """
     snapshots: dict[tuple[str, str], list[Experiment]] = {}
     for e in kept:
-        snapshots.setdefault((e.tier, e.tree), []).append(e)
+        snapshots.setdefault((e.tier, e.identity), []).append(e)
     out = []
     for runs in snapshots.values():
         adopted = [r for r in runs if r.adopted_at is not None]
@@ -144,7 +144,7 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
         if e.degraded:
             degraded[e.tier] = degraded.get(e.tier, 0) + 1
     tiers = sorted({e.tier for e in exps} | set(degraded)) or ["-"]
-    adopted = adopted_trees(exps)
+    adopted = adopted_identities(exps)
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
     better = min if config.metric.lower_is_better else max
     for ax, tier in zip(axes[:, 0], tiers, strict=True):
@@ -213,7 +213,7 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
         starved = degraded.get(tier, 0)
         ax.set_title(
             f"tier {tier}: {len(mine)} ok runs{f' ({note})' if note else ''}, "
-            f"{len({e.tree for e in kept})} kept snapshots"
+            f"{len({e.identity for e in kept})} kept snapshots"
             + (f"; {starved} degraded runs not drawn (starved or throttled: never judged)" if starved else "")
         )
         ax.set_xlabel("experiment #")

@@ -241,7 +241,7 @@ def _recover_one(
             "id": eid,
             "seq": evidence.seq_of(eid),
             "snapshot": commit,
-            "tree": _identity(lab, commit, config),
+            "identity": _identity(lab, commit, config),
             "parent": parent,
             "description": message,
             "tier": tier,

@@ -208,8 +208,8 @@ def _on_tier(ledger: Any, wave: Wave, tier: str) -> bool:
 
 
 def _ranking(lab: Lab, tier: str) -> tuple[dict[str, float], str]:
-    """tree -> mean metric on `tier` in the epoch in force (runs the harness recorded at another
-    budget than the tier's today left out), and the incumbent's tree."""
+    """identity -> mean metric on `tier` in the epoch in force (runs the harness recorded at another
+    budget than the tier's today left out), and the incumbent's identity."""
     from nightlab import identity
 
     epoch = identity.epoch_key(lab.config)
@@ -222,21 +222,21 @@ def _ranking(lab: Lab, tier: str) -> tuple[dict[str, float], str]:
         if isinstance(ran, (int, float)) and budget is not None and float(ran) != budget:
             continue  # the tier's budget changed since: that run screened at another rung
         if value is not None and math.isfinite(value) and (not e.epoch or e.epoch == epoch):
-            values.setdefault(e.tree, []).append(value)
-    return {t: statistics.fmean(v) for t, v in values.items()}, lab.head_tree()
+            values.setdefault(e.identity, []).append(value)
+    return {t: statistics.fmean(v) for t, v in values.items()}, lab.head_identity()
 
 
 def _candidates(lab: Lab, tier: str) -> list[tuple[Wave, Experiment]]:
     """(screening wave, its representative ok run) per snapshot of the waves enrolled on `tier`."""
     out = []
-    head = lab.head_tree()
+    head = lab.head_identity()
     for wave in lab.ledger.waves():
         if SPEC_KEY not in (wave.spec or {}):
             continue
         seen = set()
         for e in lab.ledger.experiments(wave=wave.id, tier=tier, with_metrics=False):
-            if e.ok and e.tree != head and e.tree not in seen:
-                seen.add(e.tree)
+            if e.ok and e.identity != head and e.identity not in seen:
+                seen.add(e.identity)
                 out.append((wave, e))
     return out
 
@@ -287,7 +287,7 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
     to_promote: list[tuple[int, Wave, Experiment, int]] = []
     for wave, e in candidates:
         old = decisions_for(wave).get(e.id) or {}
-        if old.get("promoted") or e.tree not in means:
+        if old.get("promoted") or e.identity not in means:
             continue
         asha = wave.spec[SPEC_KEY]
         to = str(asha.get("to") or next_rung(lab.config, tier) or "")
@@ -295,11 +295,11 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
             continue
         cap = asha.get("max_promotions")  # a search's `--top`: at most that many from one wave
         capped = cap is not None and decision_count(lab.ledger.wave(wave.id)) >= int(cap)
-        behind = head in means and sign * means[head] <= sign * means[e.tree]
+        behind = head in means and sign * means[head] <= sign * means[e.identity]
         decision = Decision(
             tier=tier,
             to=to,
-            rank=order.index(e.tree) + 1,
+            rank=order.index(e.identity) + 1,
             seen=seen,
             cutoff=cutoff,
             eta=eta,
@@ -388,7 +388,7 @@ def submit_screened(
     except Exception:
         lab.ledger.drop_empty_wave(wave.id)  # nothing half-written: a refused idea leaves no wave
         raise
-    if not lab.ledger.experiments(tree=head.tree, tier=screen, with_metrics=False):
+    if not lab.ledger.experiments(identity=head.identity, tier=screen, with_metrics=False):
         exps += submit_incumbent(lab, screen, wave.id, 1, lab.files_at(head.commit))
     if start:
         from nightlab.fleet.daemon import ensure_running
@@ -419,7 +419,7 @@ def rung_info(lab: Any, e: Experiment, waves: dict[str, Wave] | None = None) -> 
     while d and d.get("promoted"):
         reached = d.get("to") or reached
         w = lab.ledger.wave(d["promoted"])
-        mine = [x for x in lab.ledger.experiments(wave=w.id, with_metrics=False) if x.tree == e.tree]
+        mine = [x for x in lab.ledger.experiments(wave=w.id, with_metrics=False) if x.identity == e.identity]
         d = decisions_for(w).get(mine[0].id) if mine else None
     out["reached"] = reached
     return out
@@ -433,7 +433,7 @@ def _decision_of(lab: Any, wave: Wave | None, e: Experiment) -> dict[str, Any] |
     if e.id in decisions:
         return decisions[e.id]
     for other in lab.ledger.experiments(wave=wave.id, tier=e.tier, with_metrics=False):
-        if other.tree == e.tree and other.id in decisions:
+        if other.identity == e.identity and other.id in decisions:
             return decisions[other.id]
     return None
 
@@ -480,10 +480,10 @@ def transfer(lab: Lab) -> list[dict[str, Any]]:
         return cache[tier]
 
     def add(exp_id: str, tier: str, to: str) -> None:
-        tree = lab.ledger.get(exp_id).tree
+        ident = lab.ledger.get(exp_id).identity
         low, high = means(tier), means(to)
-        if tree in low and tree in high:
-            pairs.setdefault((tier, to), {})[tree] = (low[tree], high[tree])
+        if ident in low and ident in high:
+            pairs.setdefault((tier, to), {})[ident] = (low[ident], high[ident])
 
     for wave in lab.ledger.waves():
         for exp_id, d in decisions_for(wave).items():
@@ -493,8 +493,8 @@ def transfer(lab: Lab) -> list[dict[str, Any]]:
             for exp_id, tier in ((wave.spec or {}).get("screen_tiers") or {}).items():
                 add(exp_id, tier, wave.tier)
     out = []
-    for (tier, to), by_tree in sorted(pairs.items()):
-        row = {"rung": tier, "next": to, **rank_transfer(list(by_tree.values()))}
+    for (tier, to), by_identity in sorted(pairs.items()):
+        row = {"rung": tier, "next": to, **rank_transfer(list(by_identity.values()))}
         if row["warning"] and row["rho"] is not None and row["interval"] is not None:
             row["warning"] = f"screening on {tier} misleads: {row['warning']}"
         row["lower_is_better"] = lower

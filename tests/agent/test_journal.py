@@ -246,7 +246,7 @@ def test_a_degraded_run_is_shown_with_its_figure_and_reason_never_as_a_result():
     from nightlab.ledger import Experiment, ExperimentStatus
 
     e = Experiment(
-        id="e0001", seq=1, snapshot="c" * 40, tree="t", parent=None, description="x", tier="cpu", seed=0,
+        id="e0001", seq=1, snapshot="c" * 40, identity="t", parent=None, description="x", tier="cpu", seed=0,
         wave=None, priority=0, params={}, source="cli", status=ExperimentStatus.FINISHED,
         outcome="degraded", detail="starved: got 31% of the CPU it asked for", verdict="degraded",
         attempts=1, cancel_requested=False, submitted_at=0.0, started_at=0.0, finished_at=1.0,

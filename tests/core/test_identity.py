@@ -80,14 +80,14 @@ def test_a_ledger_keyed_on_whole_trees_is_rekeyed_once(make_lab):
     db = sqlite3.connect(lab / ".nightlab" / "ledger.db")
     with db:  # what an older nightlab wrote: the git tree of the snapshot, no epoch
         git_tree = subprocess_tree(lab, e["snapshot"])
-        db.execute("UPDATE experiments SET tree = ?, epoch = ''", (git_tree,))
+        db.execute("UPDATE experiments SET identity = ?, epoch = ''", (git_tree,))
         db.execute("DELETE FROM meta WHERE key = ?", (identity.REKEY_META,))
     db.close()
     res, fig = _incumbent(lab)
     assert fig is not None and fig["n"] == 1  # HEAD's runs found again under its identity
     with Lab(lab) as opened:
         [row] = opened.ledger.experiments()
-        assert row.tree == identity.of(lab) and row.epoch == identity.epoch_key(opened.config)
+        assert row.identity == identity.of(lab) and row.epoch == identity.epoch_key(opened.config)
 
 
 def subprocess_tree(lab, commit_hash: str) -> str:

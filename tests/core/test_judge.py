@@ -87,7 +87,7 @@ def test_the_settle_hint_of_results_settles_the_stored_verdict(lab):
     assert best.verdict == Verdict.WITHIN_NOISE  # gain 0.02 = 1.73 se
     hint = next(line for line in nightlab("results", cwd=lab.path).stderr.splitlines() if best.id in line)
     repeats = int(re.search(r"--repeats (\d+)", hint).group(1))
-    assert repeats == lab.judge().decision(best.tree, "cpu").repeats_to_settle.candidate
+    assert repeats == lab.judge().decision(best.identity, "cpu").repeats_to_settle.candidate
     # the repeats, in the wave as the search's settle repeats are (`--from` outside it is judged
     # with the same z: the wave the snapshot first ran in)
     files, base = lab.files_of(best.id)
@@ -452,11 +452,11 @@ def test_every_verdict_uses_the_floor_with_its_degrees_of_freedom(lab):
     judge = lab.judge()
     sigma, dof = judge.floor("cpu")
     assert dof == 3 and judge.sigma("cpu") == sigma
-    decision = judge.decision(a.tree, "cpu")
+    decision = judge.decision(a.identity, "cpu")
     assert decision.dof == 3 and decision.threshold == pytest.approx(critical(2.0, 3))
     assert 2.0 < decision.z_score < decision.threshold
     assert lab.ledger.get(a.id).verdict == lab.ledger.get(b.id).verdict == Verdict.WITHIN_NOISE
-    picked = judge.best_of_wave({a.id: a.tree}, "cpu")
+    picked = judge.best_of_wave({a.id: a.identity}, "cpu")
     assert picked[0] == a.id and picked[1] == decision
 
 

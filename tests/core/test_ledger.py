@@ -12,7 +12,7 @@ from nightlab.ledger import SCHEMA_VERSION, ExperimentStatus, Ledger, NewExperim
 
 def new(i: int = 0, **kw) -> NewExperiment:
     return NewExperiment(
-        snapshot=f"c{i}", tree=f"t{i}", parent=None, description=f"idea {i}", tier="cpu", seed=0, **kw
+        snapshot=f"c{i}", identity=f"t{i}", parent=None, description=f"idea {i}", tier="cpu", seed=0, **kw
     )
 
 

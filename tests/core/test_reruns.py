@@ -11,7 +11,7 @@ from nightlab.reruns import Reruns
 
 def new(i: int, description: str = "idea") -> NewExperiment:
     return NewExperiment(
-        snapshot=f"c{i}", tree=f"t{i}", parent=None, description=description, tier="cpu", seed=i
+        snapshot=f"c{i}", identity=f"t{i}", parent=None, description=description, tier="cpu", seed=i
     )
 
 

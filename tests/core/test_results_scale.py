@@ -34,12 +34,12 @@ def big_lab(tmp_path_factory):
     with open_ledger(lab) as ledger:
         e = ledger.get(first)
         other = NewExperiment(
-            snapshot=e.snapshot, tree="other-tree", parent=None, description="x", tier="cpu", seed=0
+            snapshot=e.snapshot, identity="other-identity", parent=None, description="x", tier="cpu", seed=0
         )
         new = [
             NewExperiment(
                 snapshot=e.snapshot,
-                tree=e.tree if i % 3 else "other-tree",
+                identity=e.identity if i % 3 else "other-identity",
                 parent=None,
                 description=f"run {i}",
                 tier="cpu",
@@ -61,7 +61,7 @@ def big_lab(tmp_path_factory):
                 verdict="within-noise" if i == 5 else "discard",
                 judged={
                     "incumbent": "abc",
-                    "tree": "old-tree" if i % 4 == 0 else e.tree,
+                    "identity": "old-identity" if i % 4 == 0 else e.identity,
                     "mean": 1.0,
                     "n": 2,
                 },
@@ -102,9 +102,9 @@ def _reference(ledger, config, lab):
     """The full-decode ranking `analysis.results` used before `rank_keys` (the plain reference)."""
     metric = config.metric.name
     exps = ledger.experiments()
-    head_tree = identity.of(lab, "HEAD")
+    head_identity = identity.of(lab, "HEAD")
     incumbents = {
-        t: figure(ok_values([e for e in exps if e.tree == head_tree and e.tier == t], metric))
+        t: figure(ok_values([e for e in exps if e.identity == head_identity and e.tier == t], metric))
         for t in {e.tier for e in exps}
     }
     current = identity.epoch_key(config)
@@ -113,14 +113,14 @@ def _reference(ledger, config, lab):
         value = e.metric(metric) if e.ok else None
         inc = incumbents.get(e.tier)
         comparable = value is not None and inc is not None and e.epoch == current
-        earlier = bool(e.judged) and e.judged.get("tree") != head_tree and e.tree != head_tree
+        earlier = bool(e.judged) and e.judged.get("identity") != head_identity and e.identity != head_identity
         rows.append(
             (
                 e.id,
                 value,
                 value - inc.mean if comparable else None,
                 earlier,
-                e.ok and e.tree == head_tree,
+                e.ok and e.identity == head_identity,
                 e.seq,
             )
         )

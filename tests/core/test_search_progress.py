@@ -93,6 +93,10 @@ def test_a_v2_ledger_moves_its_search_state_out_of_the_spec(tmp_path):
     # v4's tables (issue 12, the agent's record) and v5's (issue 35, the experiment trackers)
     for later in ("agent_run", "agent_sessions", "trackers", "tracker_runs"):
         conn.execute(f"DROP TABLE {later}")
+    # and v6's names (issue 33): the research identity's column was `tree`
+    conn.execute("ALTER TABLE experiments RENAME COLUMN identity TO tree")
+    conn.execute("DROP INDEX experiments_identity")
+    conn.execute("CREATE INDEX experiments_tree ON experiments(tree, tier, seed)")
     conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     states = {
         judged.id: {

@@ -109,8 +109,8 @@ def test_demo_finds_the_known_effect_and_tells_the_story(synthetic_demo, tmp_pat
     # what the demo printed is what the ledger holds: the best variant's figure
     best = next(e for e in res["experiments"] if e["id"] == out["best_id"])
     with open_ledger(lab) as ledger:
-        tree = ledger.get(best["id"]).tree
-        same = [e.metric("val_bpb") for e in ledger.experiments(tree=tree, tier=best["tier"])]
+        ident = ledger.get(best["id"]).identity
+        same = [e.metric("val_bpb") for e in ledger.experiments(identity=ident, tier=best["tier"])]
     assert out["best_runs"] == len(same) and out["best"] == pytest.approx(sum(same) / len(same))
     # progress.png labels the baseline and the kept change, not a variant that was not adopted
     labels = []

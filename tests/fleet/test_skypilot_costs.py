@@ -29,7 +29,7 @@ def _run(ledger: Ledger, worker: str, start: float, end: float, outcome: str, **
     (exp,) = ledger.add_experiments(
         [
             NewExperiment(
-                snapshot="c" * 40, tree="t" * 40, parent=None, description=outcome, tier="h100", seed=0
+                snapshot="c" * 40, identity="t" * 40, parent=None, description=outcome, tier="h100", seed=0
             )
         ]
     )

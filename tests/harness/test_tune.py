@@ -261,7 +261,9 @@ def test_cli_commits_a_real_gain_and_queues_the_tuned_incumbent(tmp_path):
         with Lab(lab) as opened:
             assert opened.head() == out["commit"]
             runs = opened.ledger.experiments(ids=out["measuring"])
-            assert {e.tree for e in runs} == {opened.head_tree()} and {e.source for e in runs} == {"noise"}
+            assert {e.identity for e in runs} == {opened.head_identity()} and {e.source for e in runs} == {
+                "noise"
+            }
         # let the controller the submission started come up (the stand-in's runs end at once), so
         # the stop below cannot race its start
         nightlab("wait", *out["measuring"], "--timeout", "120", cwd=lab)

@@ -36,7 +36,7 @@ def test_load_from_other_work_is_a_warning_naming_the_fix(fast_lab, monkeypatch)
 def _finish(lab, outcomes: list[str]) -> None:
     with open_ledger(lab) as ledger:
         new = [
-            NewExperiment(snapshot="0" * 40, tree="t", parent=None, description="x", tier="cpu", seed=i)
+            NewExperiment(snapshot="0" * 40, identity="t", parent=None, description="x", tier="cpu", seed=i)
             for i in range(len(outcomes))
         ]
         ledger.add_experiments(new)

@@ -337,7 +337,7 @@ def test_the_search_waits_for_the_re_run_of_a_degraded_run(quick_lab):
         def controller() -> None:  # the second step, a moment after the degraded end
             rerun = NewExperiment(
                 exp.snapshot,
-                exp.tree,
+                exp.identity,
                 exp.parent,
                 f"re-run of {first} (degraded)",
                 "cpu",

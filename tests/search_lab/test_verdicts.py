@@ -47,7 +47,7 @@ def test_real_gain_is_kept_and_gain_inside_the_noise_is_not(quick_lab):
     assert "within noise" in hint and f"--from {ids['0.01001']} --repeats" in hint
     with Lab.open(lab) as opened:
         exp = opened.ledger.get(ids["0.01001"])
-        decision = opened.judge().decision(exp.tree, "cpu")
+        decision = opened.judge().decision(exp.identity, "cpu")
     assert (decision.repeats_to_settle.candidate, decision.repeats_to_settle.incumbent) == (6, 0)
 
 

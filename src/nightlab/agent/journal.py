@@ -1,7 +1,7 @@
 """The journal: a lab's research history, compact enough for an agent to read in one go.
 
-An *idea* is one distinct snapshot (a git tree): every experiment of the same files, on any
-tier and seed, is a measurement of the same idea. Each idea is shown with what its diff
+An *idea* is one distinct snapshot (one research identity, `nightlab.identity`): every
+experiment of the same files, on any tier and seed, is a measurement of the same idea. Each idea is shown with what its diff
 changes against the incumbent it was derived from (knob values `MATRIX_LR 0.04->0.02`, or
 the functions whose code changed, with line counts), its verdict per tier and its delta
 against that parent's mean on the same tier.
@@ -32,7 +32,7 @@ from typing import Any
 
 from nightlab.agent.changes import Change, file_change, merge, read_blobs
 from nightlab.analysis import figure, ok_values
-from nightlab.ledger import Experiment, ExperimentStatus
+from nightlab.ledger import LEGACY_IDENTITY_KEY, Experiment, ExperimentStatus
 
 # Ranks for an idea's overall standing: the best tier result decides.
 _RANK = {
@@ -75,7 +75,7 @@ class TierResult:
 class Idea:
     """One distinct snapshot and everything measured of it."""
 
-    tree: str
+    identity: str
     ids: tuple[str, ...]
     description: str
     kind: str  # idea | seed-change | repeat
@@ -101,7 +101,8 @@ class Idea:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ids": list(self.ids),
-            "tree": self.tree,
+            "identity": self.identity,
+            LEGACY_IDENTITY_KEY: self.identity,
             "description": self.description,
             "kind": self.kind,
             "status": self.status,
@@ -303,45 +304,45 @@ def build_journal(lab) -> Journal:
     config = lab.config
     metric = config.metric.name
     exps = lab.ledger.experiments()
-    by_tree: dict[str, list[Experiment]] = {}
+    by_identity: dict[str, list[Experiment]] = {}
     for e in exps:
-        by_tree.setdefault(e.tree, []).append(e)
+        by_identity.setdefault(e.identity, []).append(e)
     values: dict[tuple[str, str], list[float]] = {}
     for e in exps:
         v = e.metric(metric) if e.ok else None
         if v is not None:
-            values.setdefault((e.tree, e.tier), []).append(v)
+            values.setdefault((e.identity, e.tier), []).append(v)
 
-    firsts = {tree: group[0] for tree, group in by_tree.items()}
-    parents = {tree: first.parent for tree, first in firsts.items() if first.parent}
-    parent_trees: dict[str, str | None] = {}
+    firsts = {ident: group[0] for ident, group in by_identity.items()}
+    parents = {ident: first.parent for ident, first in firsts.items() if first.parent}
+    parent_identities: dict[str, str | None] = {}
     from nightlab import identity
     from nightlab.errors import NightlabError
 
-    for tree, parent in parents.items():
+    for ident, parent in parents.items():
         try:  # the key runs are pooled on (identity.py), cached per commit
-            parent_trees[tree] = identity.of(lab.path, parent)
+            parent_identities[ident] = identity.of(lab.path, parent)
         except NightlabError:
-            parent_trees[tree] = None
+            parent_identities[ident] = None
     editable = config.target.editable
     specs = []
-    for tree, first in firsts.items():
-        if tree in parents and parent_trees.get(tree) != tree:
+    for ident, first in firsts.items():
+        if ident in parents and parent_identities.get(ident) != ident:
             for name in editable:
-                specs += [f"{first.snapshot}:{name}", f"{parents[tree]}:{name}"]
+                specs += [f"{first.snapshot}:{name}", f"{parents[ident]}:{name}"]
     blobs = read_blobs(lab.path, specs)
 
     ideas: list[Idea] = []
-    for tree, group in by_tree.items():
+    for ident, group in by_identity.items():
         first = group[0]
-        parent_tree = parent_trees.get(tree)
-        if parent_tree == tree or tree not in parents:
+        parent_identity = parent_identities.get(ident)
+        if parent_identity == ident or ident not in parents:
             kind, change = "repeat", Change()
         else:
             change = merge(
                 file_change(
                     name,
-                    blobs.get(f"{parents[tree]}:{name}"),
+                    blobs.get(f"{parents[ident]}:{name}"),
                     blobs.get(f"{first.snapshot}:{name}"),
                     prefix=len(editable) > 1,
                 )
@@ -349,13 +350,13 @@ def build_journal(lab) -> Journal:
             )
             kind = "repeat" if change.empty else ("seed-change" if change.seed_only else "idea")
         parent_values = (
-            {tier: values.get((parent_tree, tier), []) for tier in {e.tier for e in group}}
-            if parent_tree
+            {tier: values.get((parent_identity, tier), []) for tier in {e.tier for e in group}}
+            if parent_identity
             else {}
         )
         ideas.append(
             Idea(
-                tree=tree,
+                identity=ident,
                 ids=tuple(e.id for e in group),
                 description=first.description,
                 kind=kind,

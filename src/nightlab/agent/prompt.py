@@ -124,16 +124,18 @@ def _state(lab, budget: Budget) -> list[str]:
         seen: set[str] = set()  # one row per snapshot: repeats of it add nothing here
         for r in [r for r in best if r.key.tier == tier]:
             k = r.key
-            if k.tree in seen:
+            if k.identity in seen:
                 continue
-            seen.add(k.tree)
+            seen.add(k.identity)
             delta = "" if r.delta is None else f" ({r.delta:+.6f} vs incumbent)"
             out.append(f"- {k.id} {tier} {r.value:.6f}{delta} {k.verdict or 'undecided'}: {k.description}")
             if len(seen) == TOP_RESULTS:
                 break
-    head_tree = lab.head_tree()
+    head_identity = lab.head_identity()
     pending_keeps = {
-        k.tree: k for k in keys if k.verdict == "keep" and k.adopted_at is None and k.tree != head_tree
+        k.identity: k
+        for k in keys
+        if k.verdict == "keep" and k.adopted_at is None and k.identity != head_identity
     }
     if pending_keeps:
         out += ["", "## Kept but not adopted (adopt the best of them: `nightlab adopt ID`)"]

@@ -66,5 +66,5 @@ def command(lab, repeats, tier, show, wait_, as_json) -> None:
         for col in ("tier", "snapshot", "mean " + metric, "std", "n", "runs"):
             table.add_column(col, no_wrap=True)
         for f in figures:
-            table.add_row(f.tier, f.tree[:10], fmt(f.mean), fmt(f.std), str(f.n), ",".join(f.experiments))
+            table.add_row(f.tier, f.identity[:10], fmt(f.mean), fmt(f.std), str(f.n), ",".join(f.experiments))
         console().print(table)

@@ -157,6 +157,6 @@ def command(lab, tier, all_, limit, as_json) -> None:
     for r in shown:
         e = r.experiment
         # the incumbent is never a candidate: no hint to "settle" it against itself
-        if e.verdict == "within-noise" and not r.incumbent and (e.tree, e.tier) not in seen:
-            seen.add((e.tree, e.tier))
+        if e.verdict == "within-noise" and not r.incumbent and (e.identity, e.tier) not in seen:
+            seen.add((e.identity, e.tier))
             say(judge.settle_hint(e, inc))

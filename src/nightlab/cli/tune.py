@@ -82,11 +82,11 @@ def command(lab, steps, batch_sizes, compiles, attentions, repeats, no_commit, n
     measured: list[str] = []
     if result.written and snapshots.is_dirty(lab.path, ("train.py",)):
         settings = " ".join(f"{k}={v}" for k, v in result.written.items())
-        before = lab.head_tree()
+        before = lab.head_identity()
         commit = snapshots.commit_files(lab.path, ["train.py"], f"tune: {settings}")
         if not no_measure:
             tier = lab.config.fleet.default_tier
-            old = [e for e in lab.ledger.experiments(tree=before, tier=tier) if e.ok]
+            old = [e for e in lab.ledger.experiments(identity=before, tier=tier) if e.ok]
             exps = lab.submit(
                 f"tune: measure the tuned incumbent ({settings})",
                 tier=tier,

@@ -359,7 +359,7 @@ class Controller:
         name = self.config.metric.name
         siblings = [
             (o.seed, o.metric(name))
-            for o in self.ledger.experiments(tree=exp.tree, tier=exp.tier)
+            for o in self.ledger.experiments(identity=exp.identity, tier=exp.tier)
             if o.id != exp.id and o.ok
         ]
         warning = seed_ignored(exp.seed, metrics[name], siblings)

@@ -554,7 +554,7 @@ class HealthWatch:
             return None
         new = NewExperiment(
             snapshot=exp.snapshot,
-            tree=exp.tree,
+            identity=exp.identity,
             parent=exp.parent,
             description=f"re-run of {exp.id} (degraded): {exp.description}",
             tier=exp.tier,

@@ -24,6 +24,7 @@ from nightlab.ledger._ledger import Ledger, open_ledger
 from nightlab.ledger._readonly import ReadOnlyLedger
 from nightlab.ledger._recover import RecoveryPlan, RunEnd, Salvage, read_damaged
 from nightlab.ledger._rows import (
+    LEGACY_IDENTITY_KEY,
     AgentRun,
     AgentRunStatus,
     Attempt,
@@ -46,6 +47,7 @@ from nightlab.ledger._schema import MIGRATIONS, SCHEMA_VERSION
 from nightlab.ledger._trackers import TrackerRun, TrackerState
 
 __all__ = [
+    "LEGACY_IDENTITY_KEY",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "AgentRun",

@@ -138,7 +138,7 @@ class BaseLedger(TrackerReads, ABC):
         status: ExperimentStatus | Iterable[ExperimentStatus] | None = None,
         tier: str | None = None,
         wave: str | None = None,
-        tree: str | None = None,
+        identity: str | None = None,
         parent: str | None = None,
         ids: Iterable[str] | None = None,
         with_metrics: bool = True,
@@ -149,7 +149,7 @@ class BaseLedger(TrackerReads, ABC):
             statuses = [status] if isinstance(status, ExperimentStatus) else list(status)
             where.append(f"status IN ({','.join('?' * len(statuses))})")
             args += [int(s) for s in statuses]
-        for column, value in (("tier", tier), ("wave", wave), ("tree", tree), ("parent", parent)):
+        for column, value in (("tier", tier), ("wave", wave), ("identity", identity), ("parent", parent)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
@@ -174,12 +174,12 @@ class BaseLedger(TrackerReads, ABC):
         """Every experiment (of `tier`) as a `RankKey` for `metric`, in submission order.
 
         Reads a dozen columns and one metric per experiment: no JSON is decoded but the judged
-        incumbent's tree and figure (by SQLite). Decode the rows you show with `experiments(ids=...)`.
+        incumbent's identity and figure (by SQLite). Decode the rows you show with `experiments(ids=...)`.
         """
         where, args = ("WHERE e.tier = ?", [tier]) if tier is not None else ("", [])
         rows = self._query(
-            "SELECT e.id, e.seq, e.tier, e.tree, e.epoch, e.status, e.outcome, e.verdict,"
-            " json_extract(e.judged, '$.tree'), m.value, e.finished_at, e.adopted_at, e.description,"
+            "SELECT e.id, e.seq, e.tier, e.identity, e.epoch, e.status, e.outcome, e.verdict,"
+            " json_extract(e.judged, '$.identity'), m.value, e.finished_at, e.adopted_at, e.description,"
             " json_extract(e.judged, '$.mean'), json_extract(e.judged, '$.n')"
             " FROM experiments e"
             f" LEFT JOIN metrics m ON m.experiment_id = e.id AND m.key = ? {where} ORDER BY e.seq",
@@ -271,13 +271,13 @@ class BaseLedger(TrackerReads, ABC):
         )
         return {r["id"]: r["worker"] for r in rows}
 
-    def find_measured(self, tree: str, tier: str, seed: int) -> Experiment | None:
+    def find_measured(self, identity: str, tier: str, seed: int) -> Experiment | None:
         """An experiment of the same files, tier and seed that is queued, running or finished ok."""
         rows = self._query(
-            "SELECT * FROM experiments WHERE tree = ? AND tier = ? AND seed = ? AND"
+            "SELECT * FROM experiments WHERE identity = ? AND tier = ? AND seed = ? AND"
             " (status IN (?, ?) OR (status = ? AND outcome = 'ok')) ORDER BY seq LIMIT 1",
             (
-                tree,
+                identity,
                 tier,
                 seed,
                 int(ExperimentStatus.QUEUED),
@@ -287,10 +287,10 @@ class BaseLedger(TrackerReads, ABC):
         )
         return _to_experiment(rows[0]) if rows else None
 
-    def seeds_used(self, tree: str, tier: str) -> set[int]:
+    def seeds_used(self, identity: str, tier: str) -> set[int]:
         rows = self._query(
-            "SELECT seed FROM experiments WHERE tree = ? AND tier = ? AND status != ?",
-            (tree, tier, int(ExperimentStatus.CANCELLED)),
+            "SELECT seed FROM experiments WHERE identity = ? AND tier = ? AND status != ?",
+            (identity, tier, int(ExperimentStatus.CANCELLED)),
         )
         return {r["seed"] for r in rows}
 

@@ -145,14 +145,14 @@ class Ledger(TrackerWrites, BaseLedger):
                 seq += 1
                 eid = f"e{seq:04d}"
                 c.execute(
-                    "INSERT INTO experiments (id, seq, snapshot, tree, parent, description, tier, seed, wave,"
+                    "INSERT INTO experiments (id, seq, snapshot, identity, parent, description, tier, seed, wave,"
                     " priority, params, source, status, submitted_at, epoch)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         eid,
                         seq,
                         item.snapshot,
-                        item.tree,
+                        item.identity,
                         item.parent,
                         item.description,
                         item.tier,
@@ -176,13 +176,13 @@ class Ledger(TrackerWrites, BaseLedger):
         return experiments
 
     def rekey(self, keys: dict[str, tuple[str, str]], *, meta: tuple[str, str]) -> int:
-        """Set (tree, epoch) of the experiments of each snapshot in `keys`, and a meta entry, at once."""
+        """Set (identity, epoch) of the experiments of each snapshot in `keys`, and a meta entry, at once."""
         changed = 0
         with self.transaction() as c:
-            for snapshot, (tree, epoch) in keys.items():
+            for snapshot, (identity, epoch) in keys.items():
                 changed += c.execute(
-                    "UPDATE experiments SET tree = ?, epoch = ? WHERE snapshot = ? AND (tree != ? OR epoch != ?)",
-                    (tree, epoch, snapshot, tree, epoch),
+                    "UPDATE experiments SET identity = ?, epoch = ? WHERE snapshot = ? AND (identity != ? OR epoch != ?)",
+                    (identity, epoch, snapshot, identity, epoch),
                 ).rowcount
             c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta)
             if changed:

@@ -44,6 +44,7 @@ def read_damaged(path: Path) -> Salvage:
                 out.rows[table] = [dict(r) for r in conn.execute(f"SELECT * FROM {table}")]  # noqa: S608
             except sqlite3.Error:
                 out.unreadable.append(table)
+        out.rows["experiments"] = [_identity_named(r) for r in out.rows.get("experiments", [])]
         try:
             for r in conn.execute("SELECT experiment_id, data FROM events WHERE kind = 'submit'"):
                 out.submits[r["experiment_id"]] = json.loads(r["data"])
@@ -52,6 +53,22 @@ def read_damaged(path: Path) -> Salvage:
     finally:
         conn.close()
     return out
+
+
+def _identity_named(row: dict[str, Any]) -> dict[str, Any]:
+    """An `experiments` row of a damaged ledger older than schema v6 (no migration ran on it),
+    with the v6 names: the `tree` column is `identity`, and so is the key in its `judged` JSON."""
+    if "tree" not in row:
+        return row
+    row = {k: v for k, v in row.items() if k != "tree"} | {"identity": row["tree"]}
+    try:
+        judged = json.loads(row["judged"]) if row.get("judged") else None
+    except ValueError:
+        return row  # a damaged cell: restore treats the verdict as it does any unreadable one
+    if isinstance(judged, dict) and "tree" in judged:
+        judged["identity"] = judged.pop("tree")
+        row["judged"] = json.dumps(judged)
+    return row
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ class Source(enum.StrEnum):
 
 _CANDIDATES = frozenset({Source.SWEEP, Source.SEARCH, Source.PROMOTE})
 
+# What the research identity (`nightlab.identity`) was called before ledger schema v6, when the
+# column was `tree` (a name that also means git's tree, which it is not). The JSON documents that
+# carry an identity (`show`/`results --json` rows, `noise --json`, `journal --json`) still emit it
+# under this key too, beside `identity`, so readers written against older nightlab keep working.
+LEGACY_IDENTITY_KEY = "tree"
+
 
 class _AsDict:
     """`to_dict()` for the frozen rows: every field, as plain data for `--json`."""
@@ -102,7 +108,7 @@ class Experiment(_AsDict):
     id: str
     seq: int
     snapshot: str
-    tree: str
+    identity: str
     parent: str | None
     description: str
     tier: str
@@ -142,6 +148,9 @@ class Experiment(_AsDict):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["status"] = self.status.label
+        d[LEGACY_IDENTITY_KEY] = self.identity
+        if self.judged is not None and "identity" in self.judged:
+            d["judged"] = {**self.judged, LEGACY_IDENTITY_KEY: self.judged["identity"]}
         return d
 
     def brief(self, metric: str) -> dict[str, Any]:
@@ -166,7 +175,7 @@ class RankKey(NamedTuple):
 
     `BaseLedger.rank_keys` reads these columns only (no params, health or metrics JSON), so a
     listing of 20,000 experiments ranks them all and decodes just the rows it shows.
-    `judged_tree`, `judged_mean` and `judged_n` are the incumbent its verdict was judged against
+    `judged_identity`, `judged_mean` and `judged_n` are the incumbent its verdict was judged against
     and that incumbent's figure then; `value` is the ranked metric (None when the run did not
     report it as a number). A named tuple, not a
     frozen dataclass: built 20,000 times a listing, and a tuple is ~5x cheaper to build.
@@ -175,12 +184,12 @@ class RankKey(NamedTuple):
     id: str
     seq: int
     tier: str
-    tree: str
+    identity: str
     epoch: str
     status: ExperimentStatus
     outcome: Outcome | None
     verdict: Verdict | None
-    judged_tree: str | None
+    judged_identity: str | None
     key: str  # the metric `value` is of
     value: float | None
     finished_at: float | None
@@ -202,7 +211,7 @@ class RankKey(NamedTuple):
         """The key of an experiment already decoded (a listing of every row needs no second read)."""
         judged = e.judged or {}
         return cls(
-            e.id, e.seq, e.tier, e.tree, e.epoch, e.status, e.outcome, e.verdict, judged.get("tree"), metric,
+            e.id, e.seq, e.tier, e.identity, e.epoch, e.status, e.outcome, e.verdict, judged.get("identity"), metric,
             e.metric(metric), e.finished_at, e.adopted_at, e.description, judged.get("mean"), judged.get("n"),
         )  # fmt: skip
 
@@ -307,7 +316,7 @@ class NewExperiment:
     """What `Ledger.add_experiments` needs to queue one experiment."""
 
     snapshot: str
-    tree: str
+    identity: str
     parent: str | None
     description: str
     tier: str
@@ -331,7 +340,7 @@ def _to_experiment(row: sqlite3.Row, metrics: dict[str, Any] | None = None) -> E
         id=row["id"],
         seq=row["seq"],
         snapshot=row["snapshot"],
-        tree=row["tree"],
+        identity=row["identity"],
         parent=row["parent"],
         description=row["description"],
         tier=row["tier"],

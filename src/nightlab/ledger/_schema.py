@@ -6,7 +6,7 @@ A ledger records its version in `meta.schema_version`; `Ledger` applies `MIGRATI
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry:
 # append a new one and a test that upgrades a committed ledger of the old version.
@@ -189,5 +189,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (tracker, experiment_id)
     );
     CREATE INDEX tracker_runs_experiment ON tracker_runs(experiment_id);
+    """,
+    # v6 (issue 33): `experiments.tree` held a research identity (`nightlab.identity`), not a git
+    # tree: the column, its index and the key of the incumbent a verdict was judged against (in
+    # `judged`) are called `identity`. JSON output still carries `tree` too (`LEGACY_IDENTITY_KEY`)
+    """
+    ALTER TABLE experiments RENAME COLUMN tree TO identity;
+    DROP INDEX experiments_tree;
+    CREATE INDEX experiments_identity ON experiments(identity, tier, seed);
+    UPDATE experiments SET judged = json_set(json_remove(judged, '$.tree'), '$.identity', json_extract(judged, '$.tree'))
+        WHERE judged IS NOT NULL AND json_type(judged, '$.tree') IS NOT NULL;
     """,
 ]

@@ -158,5 +158,5 @@ def run_search(
         waves_done=done,
         resume_wave=pending,
         on_wave=on_wave,
-        incumbent_values=lambda: loop.judge.values(lab.head_tree(), plan.tier),
+        incumbent_values=lambda: loop.judge.values(lab.head_identity(), plan.tier),
     )

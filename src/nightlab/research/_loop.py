@@ -171,7 +171,9 @@ class _LabLoop:
             knobs = head_knobs(self.lab, parent)
             if any(n not in knobs for n in self.names):
                 continue  # the editable file changed outside the search
-            runs = self.lab.ledger.experiments(tree=identity.of(self.lab.path, parent), tier=self.plan.tier)
+            runs = self.lab.ledger.experiments(
+                identity=identity.of(self.lab.path, parent), tier=self.plan.tier
+            )
             out.append(({n: knobs[n].source for n in self.names}, ok_values(runs, self.metric)))
         return out
 
@@ -202,10 +204,10 @@ class _LabLoop:
         """
         if self.floor_ids or self.judge.sigma(self.plan.tier) is not None:
             return len(self.floor_ids)
-        tree, tier = self.lab.head_tree(), self.plan.tier
+        ident, tier = self.lab.head_identity(), self.plan.tier
         # an interrupted search may have submitted them already
         pending = [
-            e.id for e in self.lab.ledger.experiments(tree=tree, tier=tier) if not e.status.is_finished()
+            e.id for e in self.lab.ledger.experiments(identity=ident, tier=tier) if not e.status.is_finished()
         ]
         if not pending:
             n = FLOOR_REPEATS
@@ -302,8 +304,8 @@ class _LabLoop:
         )
         if floor:
             self.floor_ids = []
-            head = self.lab.head_tree()  # the floor's runs and their re-runs
-            self.report_noise_floor([e for e in ended if e.tree == head and e.tier == self.plan.tier])
+            head = self.lab.head_identity()  # the floor's runs and their re-runs
+            self.report_noise_floor([e for e in ended if e.identity == head and e.tier == self.plan.tier])
         if self.plan.strategy == "factorial" and self.plan.effects_step and self.plan.screen_tier is None:
             self.effects_step(wave_id)
         if self.plan.screen_tier is not None:
@@ -425,11 +427,11 @@ class _LabLoop:
         deadline = time.time() + patience
         while True:
             wave = lab.ledger.wave(wave_id)
-            head = lab.head_tree()
-            reps, trees = [], set()
+            head = lab.head_identity()
+            reps, idents = [], set()
             for e in lab.ledger.experiments(wave=wave_id, tier=tier, with_metrics=False):
-                if e.ok and e.tree != head and e.tree not in trees:
-                    trees.add(e.tree)
+                if e.ok and e.identity != head and e.identity not in idents:
+                    idents.add(e.identity)
                     reps.append(e.id)
             decided = rungs.decisions_for(wave)
             if all(r in decided for r in reps) and not any(d.get("claimed") for d in decided.values()):
@@ -444,20 +446,20 @@ class _LabLoop:
         lab, plan = self.lab, self.plan
         inc = lab.incumbent()
         by_obs = {o.id for o in observations}
-        trees: dict[str, str] = {}  # tree -> the observation (screen run) that stands for it
+        idents: dict[str, str] = {}  # identity -> the observation (screen run) that stands for it
         for e, _ in wave_points(lab, lab.ledger.wave(wave_id)):
-            if e.id in by_obs and e.tree != inc.tree:
-                trees.setdefault(e.tree, e.id)
+            if e.id in by_obs and e.identity != inc.identity:
+                idents.setdefault(e.identity, e.id)
         # the observation -> the snapshot judged on the validation tier: a screened wave's candidates
         # that climbed the rungs to it (`promote`), else the wave's own
         sources = rungs.promotions_of(lab, wave_id) if plan.screen_tier else [wave_id]
         judged = {
-            e.tree
+            e.identity
             for w in sources
             for e in lab.ledger.experiments(wave=w, with_metrics=False)
             if e.tier == plan.tier
         }
-        candidates = {rep: tree for tree, rep in trees.items() if tree in judged}
+        candidates = {rep: ident for ident, rep in idents.items() if ident in judged}
         return self.judge.best_of_wave(candidates, plan.tier, inc)
 
     def settle(self, wave_id: str, rep: str, decision: Any) -> bool:
@@ -472,9 +474,10 @@ class _LabLoop:
         if needed is None and decision.se is None and decision.delta > 0:
             # no noise floor (its runs failed): a gain of any size stays within the noise until
             # the candidate has the runs a keep needs and the incumbent those of a floor
-            tree = lab.ledger.get(rep).tree
+            ident = lab.ledger.get(rep).identity
             needed = runs_without_floor(
-                len(self.judge.values(tree, plan.tier)), len(self.judge.values(lab.head_tree(), plan.tier))
+                len(self.judge.values(ident, plan.tier)),
+                len(self.judge.values(lab.head_identity(), plan.tier)),
             )
         if needed is None:
             self.note(
@@ -507,7 +510,7 @@ class _LabLoop:
         if within and self.plan.settle and self.settle(wave_id, *picked):
             picked = self.pick_best(wave_id, observations)
         if picked is None:
-            has_incumbent = bool(self.judge.values(lab.head_tree(), self.plan.tier))
+            has_incumbent = bool(self.judge.values(lab.head_identity(), self.plan.tier))
             verdict = "no candidate" if has_incumbent else "incumbent unmeasured"
             self.set_state(wave_id, judged=True, adopted=None, verdict=verdict)
             return None, verdict

@@ -205,10 +205,10 @@ def incumbent_points(exps: list[Experiment], metric: str, *, lower_is_better: bo
     """The incumbent's line per tier, as progress.png draws it: (experiment seq, experiment id,
     the best kept snapshot's mean so far) at each kept snapshot's entry (`report.kept_snapshots`)."""
     from nightlab.judge import kept
-    from nightlab.report import adopted_trees, kept_snapshots
+    from nightlab.report import adopted_identities, kept_snapshots
 
     ok = [e for e in exps if e.ok and e.metric(metric) is not None]
-    adopted = adopted_trees(ok)
+    adopted = adopted_identities(ok)
     better = min if lower_is_better else max
     out: dict[str, list] = {}
     for tier in sorted({e.tier for e in ok}):

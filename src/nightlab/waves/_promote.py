@@ -50,7 +50,7 @@ def promote(
     if screen is None:
         screen = {}
         for e in sources:
-            values = ok_values(lab.ledger.experiments(tree=e.tree, tier=e.tier), metric)
+            values = ok_values(lab.ledger.experiments(identity=e.identity, tier=e.tier), metric)
             if values:
                 screen[e.id] = statistics.fmean(values)
     wave = lab.ledger.add_wave(
@@ -61,8 +61,8 @@ def promote(
         base_snapshot=head.commit,
     )
     queued: list[Experiment] = []
-    incumbent = _incumbent_runs(lab, tier, head.tree)
-    if _incumbent_stale(lab, tier, head.tree) or len(incumbent) < repeats:
+    incumbent = _incumbent_runs(lab, tier, head.identity)
+    if _incumbent_stale(lab, tier, head.identity) or len(incumbent) < repeats:
         queued += submit_incumbent(
             lab, tier, wave.id, max(1, repeats - len(incumbent)), lab.files_at(head.commit)
         )

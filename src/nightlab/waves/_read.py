@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from nightlab.analysis import ok_values
 from nightlab.errors import UsageError
-from nightlab.ledger import Experiment, ExperimentStatus, SearchProgress, Verdict, Wave
+from nightlab.ledger import LEGACY_IDENTITY_KEY, Experiment, ExperimentStatus, SearchProgress, Verdict, Wave
 
 if TYPE_CHECKING:
     from nightlab.lab import Lab
@@ -122,7 +122,7 @@ def _promotion(lab: Lab, wave: Wave, runs: Sequence[Experiment]) -> dict[str, An
         mine = [by_id[i] for i in new_ids if i in by_id]
         if not mine:
             continue
-        values = ok_values(lab.ledger.experiments(tree=mine[0].tree, tier=wave.tier), metric)
+        values = ok_values(lab.ledger.experiments(identity=mine[0].identity, tier=wave.tier), metric)
         if values:
             validation[origin] = statistics.fmean(values)
         verdicts[origin] = next((e.verdict for e in mine if e.verdict is not None), None)
@@ -222,7 +222,7 @@ def wave_effects(
 class SnapshotFigure:
     """Mean, standard deviation and count of one snapshot's ok runs on one tier (n >= 2)."""
 
-    tree: str
+    identity: str
     tier: str
     mean: float
     std: float
@@ -230,7 +230,8 @@ class SnapshotFigure:
     experiments: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {**d, LEGACY_IDENTITY_KEY: self.identity}
 
 
 def noise_table(
@@ -243,14 +244,14 @@ def noise_table(
     groups: dict[tuple[str, str], list[Experiment]] = {}
     for e in lab.ledger.experiments(status=ExperimentStatus.FINISHED, tier=tier):
         if e.ok and e.metric(metric) is not None:
-            groups.setdefault((e.tree, e.tier), []).append(e)
+            groups.setdefault((e.identity, e.tier), []).append(e)
     figures = []
-    for (tree, t), exps in groups.items():
+    for (ident, t), exps in groups.items():
         if len(exps) > 1:
             values = [e.metric(metric) for e in exps]
             figures.append(
                 SnapshotFigure(
-                    tree,
+                    ident,
                     t,
                     statistics.fmean(values),
                     statistics.stdev(values),

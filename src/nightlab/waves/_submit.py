@@ -76,18 +76,20 @@ def parse_spaces(lab: Lab, specs: Sequence[str]) -> list[Any]:
     return dims
 
 
-def _incumbent_runs(lab: Lab, tier: str, head_tree: str) -> list[Experiment]:
+def _incumbent_runs(lab: Lab, tier: str, head_identity: str) -> list[Experiment]:
     """The incumbent's runs on `tier` that count: ok, or still queued or running."""
     return [
-        e for e in lab.ledger.experiments(tree=head_tree, tier=tier) if e.ok or not e.status.is_finished()
+        e
+        for e in lab.ledger.experiments(identity=head_identity, tier=tier)
+        if e.ok or not e.status.is_finished()
     ]
 
 
-def _incumbent_stale(lab: Lab, tier: str, head_tree: str) -> bool:
+def _incumbent_stale(lab: Lab, tier: str, head_identity: str) -> bool:
     """Whether the incumbent has no run on `tier` or its latest is older than the allowed waves."""
     from nightlab.search.decide import incumbent_is_stale
 
-    runs = _incumbent_runs(lab, tier, head_tree)
+    runs = _incumbent_runs(lab, tier, head_identity)
     if not runs:
         return True
     latest = max(e.submitted_at for e in runs)
@@ -152,8 +154,8 @@ def _measured_point(lab: Lab, run: Mapping[str, str], files: Mapping[str, bytes]
     )
     from nightlab import identity
 
-    tree = identity.of(lab.path, commit, config=lab.config)  # the key `submit` stored
-    prior = lab.ledger.find_measured(tree, tier, 0)
+    ident = identity.of(lab.path, commit, config=lab.config)  # the key `submit` stored
+    prior = lab.ledger.find_measured(ident, tier, 0)
     if prior is None:  # it vanished between the two reads (cancelled): nothing to reuse
         raise NightlabError("a design point changed while the wave was submitted; submit the wave again")
     return prior
@@ -206,7 +208,7 @@ def submit_wave(
         design=design, description=description, spec=full_spec, tier=tier, base_snapshot=base, search=search
     )
     queued: list[Experiment] = []
-    if _incumbent_stale(lab, tier, inc.tree):
+    if _incumbent_stale(lab, tier, inc.identity):
         queued += submit_incumbent(lab, tier, wave.id, 1, files)
     reused: dict[int, str] = {}
     # A point listed n times is one snapshot with n seeds (strategies ask for replicated points so).

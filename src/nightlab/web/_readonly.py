@@ -43,7 +43,7 @@ class ReadOnlyLab:
             self._head = identity.incumbent(self.path).commit
         return self._head
 
-    def head_tree(self) -> str:
+    def head_identity(self) -> str:
         """The incumbent's research identity, of the HEAD read once per lab object."""
         from nightlab import identity
 

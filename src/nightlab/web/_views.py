@@ -237,7 +237,7 @@ def progress_series(lab: ReadOnlyLab, cache: VersionCache | None = None) -> dict
 
 
 def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
-    from nightlab.report import adopted_trees, kept_snapshots, tsv_status
+    from nightlab.report import adopted_identities, kept_snapshots, tsv_status
 
     ranked, _ = cache.ranking(lab)  # the keys carry what a point needs: no row decoded
     exps = [r.key for r in ranked]
@@ -251,7 +251,7 @@ def _progress_series(lab: ReadOnlyLab, cache: VersionCache) -> dict[str, Any]:
         ),
         key=lambda p: (p[0], p[1].seq),
     )
-    adopted = adopted_trees(exps)
+    adopted = adopted_identities(exps)
     figures = {
         entry.id: mean
         for entry, mean in kept_snapshots((e for _, e in points if tsv_status(e, adopted) == "keep"), metric)
@@ -356,8 +356,8 @@ def fleet(lab: ReadOnlyLab) -> dict[str, Any]:
     )
 
 
-def _commit_trees(lab: ReadOnlyLab) -> dict[str, str]:
-    """commit -> tree for every commit on the lab's branch (where adopted snapshots land)."""
+def _commit_identities(lab: ReadOnlyLab) -> dict[str, str]:
+    """commit -> research identity for every commit on the lab's branch (where adopted snapshots land)."""
     from nightlab import identity, snapshots
 
     out = {}
@@ -381,21 +381,23 @@ def experiment(lab: ReadOnlyLab, experiment_id: str, *, tail_lines: int = 60) ->
     e = lab.ledger.get(experiment_id)
 
     # relatives by indexed or targeted queries: a full scan costs ~0.2 s at 5,000 experiments
-    line = _commit_trees(lab)
-    same = [x for x in lab.ledger.experiments(tree=e.tree, with_metrics=False) if x.id != e.id]
-    parent_exp = parent_tree = None
+    line = _commit_identities(lab)
+    same = [x for x in lab.ledger.experiments(identity=e.identity, with_metrics=False) if x.id != e.id]
+    parent_exp = parent_identity = None
     if e.parent:
         by_snapshot = lab.ledger.by_commit("snapshot", [e.parent])
         parent_exp = by_snapshot[0] if by_snapshot else None
-        parent_tree = line.get(e.parent) or (parent_exp.tree if parent_exp else None)
-        if parent_exp is None and parent_tree is not None:
+        parent_identity = line.get(e.parent) or (parent_exp.identity if parent_exp else None)
+        if parent_exp is None and parent_identity is not None:
             # a commit on the lab's branch: the experiment whose files it holds (adopted first)
             holders = [
-                x for x in lab.ledger.experiments(tree=parent_tree, with_metrics=False) if x.id != e.id
+                x
+                for x in lab.ledger.experiments(identity=parent_identity, with_metrics=False)
+                if x.id != e.id
             ]
             parent_exp = min(holders, key=lambda x: (x.adopted_at is None, x.seq), default=None)
     # children were derived from a commit holding these files: a run's snapshot or an adoption
-    holding = {e.snapshot, *(x.snapshot for x in same), *(c for c, t in line.items() if t == e.tree)}
+    holding = {e.snapshot, *(x.snapshot for x in same), *(c for c, t in line.items() if t == e.identity)}
     children = [x for x in lab.ledger.by_commit("parent", holding) if x.id != e.id]
 
     def brief(x: Experiment) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""Ledger schema v6 (issue 33): the research identity's column `tree` is called `identity`.
+
+The old ledgers here are written the way a nightlab of schema v5 wrote them: the shipped
+`MIGRATIONS[:5]` (never edited once shipped) and rows inserted with v5's column names.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+
+from nightlab.ledger import LEGACY_IDENTITY_KEY, MIGRATIONS, SCHEMA_VERSION, Ledger, _recover, backup
+
+IDENTITY = "a" * 64
+INCUMBENT = "b" * 64
+
+
+def _v5_ledger(path) -> None:
+    """A ledger file at schema v5 holding one finished, judged experiment and one queued one."""
+    conn = sqlite3.connect(path)
+    for script in MIGRATIONS[:5]:
+        conn.executescript(script)
+    conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '5')")
+    conn.execute("PRAGMA journal_mode = WAL")
+    judged = json.dumps({"incumbent": "c" * 40, "tree": INCUMBENT, "mean": 1.25, "n": 3})
+    rows = [
+        ("e0001", 1, IDENTITY, 2, "ok", "keep", judged, 10.0),  # 2: FINISHED
+        ("e0002", 2, IDENTITY, 0, None, None, None, None),  # 0: QUEUED
+    ]
+    for eid, seq, tree, status, outcome, verdict, judged_json, finished in rows:
+        conn.execute(
+            "INSERT INTO experiments (id, seq, snapshot, tree, parent, description, tier, seed, status,"
+            " outcome, verdict, judged, submitted_at, finished_at, epoch)"
+            " VALUES (?, ?, ?, ?, NULL, 'idea', 'cpu', ?, ?, ?, ?, ?, 1.0, ?, 'ep')",
+            (eid, seq, "d" * 40, tree, seq, status, outcome, verdict, judged_json, finished),
+        )
+    conn.execute("INSERT INTO metrics (experiment_id, key, value) VALUES ('e0001', 'val_bpb', 1.2)")
+    conn.commit()
+    conn.close()
+
+
+def _columns(path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return {r[1] for r in conn.execute("PRAGMA table_info(experiments)")}
+    finally:
+        conn.close()
+
+
+def test_a_v5_ledger_opens_migrated_once_with_the_identity_column(tmp_path):
+    assert SCHEMA_VERSION == 6
+    path = tmp_path / "ledger.db"
+    _v5_ledger(path)
+    with Ledger(path) as ledger:
+        assert ledger.schema_version() == 6
+        done, queued = ledger.experiments(identity=IDENTITY)
+        assert (done.id, queued.id) == ("e0001", "e0002") and done.identity == IDENTITY
+        assert done.judged == {"incumbent": "c" * 40, "identity": INCUMBENT, "mean": 1.25, "n": 3}
+        [key, _] = ledger.rank_keys("val_bpb")
+        assert (key.identity, key.judged_identity, key.judged_mean) == (IDENTITY, INCUMBENT, 1.25)
+        assert ledger.seeds_used(IDENTITY, "cpu") == {1, 2}
+        assert ledger.find_measured(IDENTITY, "cpu", 1).id == "e0001"
+    assert "tree" not in _columns(path) and "identity" in _columns(path)
+    [pre] = backup.list_backups(path)
+    assert pre.path.name.endswith("-pre-v5.db") and "tree" in _columns(pre.path)  # the old one, as it was
+    with Ledger(path) as ledger:  # the second open finds v6: no migration, no second backup
+        assert [e.id for e in ledger.experiments(identity=IDENTITY)] == ["e0001", "e0002"]
+    assert len(backup.list_backups(path)) == 1
+
+
+def _open(path: str) -> int:
+    with Ledger(path) as ledger:
+        return ledger.schema_version()
+
+
+def test_processes_opening_a_v5_ledger_at_once_migrate_it_once(tmp_path):
+    # a second run of v6's migration would fail (`no such column: tree`): every open succeeding
+    # is what says it ran once (the version is re-read inside the migration's write transaction)
+    path = tmp_path / "ledger.db"
+    _v5_ledger(path)
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        assert pool.map(_open, [str(path)] * 4) == [6] * 4
+    with Ledger(path) as ledger:
+        assert len(ledger.experiments(identity=IDENTITY)) == 2
+
+
+def test_json_documents_keep_the_old_tree_key_beside_identity(tmp_path):
+    path = tmp_path / "ledger.db"
+    _v5_ledger(path)
+    with Ledger(path) as ledger:
+        d = ledger.get("e0001").to_dict()
+    assert LEGACY_IDENTITY_KEY == "tree"
+    assert d["identity"] == d["tree"] == IDENTITY
+    assert d["judged"]["identity"] == d["judged"]["tree"] == INCUMBENT
+
+
+def test_a_damaged_v5_ledger_is_salvaged_under_v6_names(tmp_path):
+    # `doctor --restore` reads a damaged ledger as it is (no migration runs on it) and writes
+    # its rows into a restored ledger of this version: the old column must land as `identity`
+    old = tmp_path / "damaged.db"
+    _v5_ledger(old)
+    salvage = _recover.read_damaged(old)
+    rows = {r["id"]: r for r in salvage.rows["experiments"]}
+    assert "tree" not in rows["e0001"] and rows["e0001"]["identity"] == IDENTITY
+    assert json.loads(rows["e0001"]["judged"])["identity"] == INCUMBENT
+    with Ledger(tmp_path / "restored.db", create=True) as ledger:
+        ledger.recover(_recover.RecoveryPlan(experiments=list(rows.values())))
+        restored = ledger.get("e0001")
+    assert restored.identity == IDENTITY and restored.judged["identity"] == INCUMBENT
