@@ -2,7 +2,7 @@
 of the next one starting, with 16 and 64 workers.
 
 The real lab runs bench/search_sim.py's target (a shell script plus awk, sleeping `--run` seconds
-per run) on 16 or 64 local CPU slots, through `research.run_search` (the code behind
+per run) on 16 or 64 local CPU slots, through `search_loop.run_search` (the code behind
 `nightlab search`) with waves as wide as the fleet. For each pair of consecutive waves the gap is
 
     gap = first start of wave i+1 (the target's own clock) - last end of wave i (the target's own clock)
@@ -36,7 +36,7 @@ from search_sim import SPACES, make_lab
 
 def measure(root: Path, *, workers: int, waves: int, run: float, strategy: str, poll: float) -> dict:
     """Run one search on `workers` slots; per gap between waves: its total and its parts (seconds)."""
-    from nightlab import research
+    from nightlab import search_loop
     from nightlab.lab import Lab
     from nightlab.search import strategies
 
@@ -52,9 +52,9 @@ def measure(root: Path, *, workers: int, waves: int, run: float, strategy: str, 
 
         return wrapper
 
-    originals = {n: getattr(research._LabLoop, n) for n in ("submit", "wait", "decide", "adopt")}
+    originals = {n: getattr(search_loop._LabLoop, n) for n in ("submit", "wait", "decide", "adopt")}
     for n, fn in originals.items():
-        setattr(research._LabLoop, n, timed(n, fn))
+        setattr(search_loop._LabLoop, n, timed(n, fn))
     make = strategies.make_strategy
 
     def make_timed(*a, **kw):
@@ -66,14 +66,14 @@ def measure(root: Path, *, workers: int, waves: int, run: float, strategy: str, 
     lab_dir = make_lab(root, f"overhead-{workers}", slots=workers, seed=0, run=run)
     try:
         with Lab(lab_dir) as lab:
-            research.run_search(
+            search_loop.run_search(
                 lab, strategy=strategy, spaces=SPACES, waves=waves, wave_size=workers, seed=0, poll=poll
             )
             search_waves = [w for w in lab.ledger.waves() if lab.ledger.search_progress(w.id)]
             runs = {w.id: lab.ledger.experiments(wave=w.id) for w in search_waves}
     finally:
         for n, fn in originals.items():
-            setattr(research._LabLoop, n, fn)
+            setattr(search_loop._LabLoop, n, fn)
         strategies.make_strategy = make
         nightlab("fleet", "stop", cwd=lab_dir)
 

@@ -270,8 +270,8 @@ def run_arm(
     step: bool = False,
 ) -> Arm:
     from nightlab.lab import Lab
-    from nightlab.research import run_search, tier_slots
     from nightlab.search.knobs import parse_value
+    from nightlab.search_loop import run_search, tier_slots
 
     variant = ("+screen" if screen else "") + ("+step" if step else "")
     name = f"{strategy}{variant.replace('+', '-')}-{workers}-s{seed}"

@@ -310,7 +310,7 @@ def _baseline(lab, tier: str, metric: str, *, say, directory: Path) -> list[floa
 def _settle(lab, best, tier: str, wave_id: str, *, say):
     """Repeat a within-noise best variant while the demo's repeats allow; the best as it stands then."""
     from nightlab import waves
-    from nightlab.research import tier_slots
+    from nightlab.search_loop import tier_slots
 
     left = MAX_SETTLE_REPEATS
     while best is not None and best.verdict == "within-noise" and left > 0:

@@ -16,7 +16,7 @@ import pytest
 
 import nightlab as nightlab_pkg
 from labkit import nightlab
-from nightlab import research, waves
+from nightlab import search_loop, waves
 from nightlab.errors import DuplicateExperimentError, NightlabError, UsageError
 from nightlab.fleet.backend import BaseBackend, WorkerSlot
 from nightlab.fleet.controller import Controller
@@ -200,7 +200,7 @@ def test_only_the_judge_writes_verdicts():
             for n in ast.walk(ast.parse((SRC / module).read_text()))
             if isinstance(n, ast.ImportFrom) and n.col_offset == 0
         }
-        assert not imports & {"nightlab.analysis", "nightlab.research", "nightlab.judge"}, module
+        assert not imports & {"nightlab.analysis", "nightlab.search_loop", "nightlab.judge"}, module
 
 
 def _base(lab: Lab, ctrl: Controller, values: list[float | None], outcome: str = "ok") -> list[str]:
@@ -608,8 +608,8 @@ def test_a_screened_search_wave_from_before_successive_halving_is_enrolled_when_
         raise _Stop
 
     monkeypatch.setattr(waves, "promote", promote)
-    plan = research.SearchPlan("pattern", (), "cpu", "cpu", wave_size=3, top_k=3, repeats=2)
+    plan = search_loop.SearchPlan("pattern", (), "cpu", "cpu", wave_size=3, top_k=3, repeats=2)
     with pytest.raises(_Stop):
-        research._LabLoop(lab, plan, [], poll=0.01, note=lambda _: None).promote(wave.wave.id)
+        search_loop._LabLoop(lab, plan, [], poll=0.01, note=lambda _: None).promote(wave.wave.id)
     assert picked == [a.id]  # rank 1 of 4, the top quarter's cut-off is 1
     assert rungs.SPEC_KEY in lab.ledger.wave(wave.wave.id).spec

@@ -76,6 +76,21 @@ def _reaching(frm: str, to: tuple[str, ...], *, allow: tuple[str, ...] = ()) -> 
     )
 
 
+def test_every_layer_a_rule_names_exists():
+    # a rule naming a package that was renamed away (`nightlab.research` is `nightlab.search_loop`
+    # since issue 33) checks nothing and passes forever: every module name written here must exist
+    source = ast.parse(Path(__file__).read_text())
+    named = {
+        node.value
+        for node in ast.walk(source)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"nightlab(\.\w+)*", node.value)
+    }
+    missing = [n for n in named if not any(_within(m, n) for m in MODULES)]  # fleet/ has no __init__
+    assert "nightlab.search_loop" in named and missing == []
+
+
 def test_the_scan_sees_imports_inside_functions():
     # the package imports lazily (`--help` stays fast): a scan of module-level imports alone would miss them
     assert "nightlab.views" in IMPORTS["nightlab.web._views"]
@@ -101,23 +116,26 @@ def test_views_import_neither_the_cli_nor_the_dashboard():
     assert _reaching("nightlab.views", ("nightlab.cli", "nightlab.web")) == []
 
 
-def test_the_fleet_does_not_reach_up_to_analysis_research_or_the_lab():
+def test_the_fleet_does_not_reach_up_to_analysis_the_search_loop_or_the_lab():
     # the verdict policy is handed to the controller (`nightlab.judge.Judge`), not imported from analysis
-    above = ("nightlab.analysis", "nightlab.research", "nightlab.waves", "nightlab.lab", "nightlab.cli")
+    above = ("nightlab.analysis", "nightlab.search_loop", "nightlab.waves", "nightlab.lab", "nightlab.cli")
     assert _reaching("nightlab.fleet", (*above, "nightlab.web", "nightlab.views", "nightlab.report")) == []
 
 
 def test_search_does_not_import_the_lab():
-    # search/ is pure logic over knobs, spaces and figures; the lab drives it, never the reverse
+    # search/ is pure logic over knobs, spaces and figures; the lab (and search_loop/, the loop that
+    # runs it on a lab) drives it, never the reverse
     assert (
-        _reaching("nightlab.search", ("nightlab.lab", "nightlab.research", "nightlab.waves", "nightlab.cli"))
+        _reaching(
+            "nightlab.search", ("nightlab.lab", "nightlab.search_loop", "nightlab.waves", "nightlab.cli")
+        )
         == []
     )
 
 
 def test_the_ledger_imports_nothing_above_it():
     above = ("nightlab.lab", "nightlab.analysis", "nightlab.fleet", "nightlab.search", "nightlab.views")
-    above += ("nightlab.web", "nightlab.cli", "nightlab.research", "nightlab.waves", "nightlab.report")
+    above += ("nightlab.web", "nightlab.cli", "nightlab.search_loop", "nightlab.waves", "nightlab.report")
     assert _reaching("nightlab.ledger", above) == []
 
 

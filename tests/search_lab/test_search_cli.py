@@ -273,8 +273,8 @@ def test_a_resumed_surface_search_proposes_what_the_uninterrupted_one_did(quick_
 
 def test_a_within_noise_best_out_of_reach_says_why_it_is_not_settled(quick_lab):
     from nightlab.lab import Lab
-    from nightlab.research import SearchPlan, _LabLoop
     from nightlab.search.decide import Decision, Repeats
+    from nightlab.search_loop import SearchPlan, _LabLoop
 
     lab_dir = quick_lab(slots=1, sleep=0.05)
     nightlab("sweep", "LR=0.01,0.011", "-m", "close", cwd=lab_dir)
@@ -323,7 +323,7 @@ def test_the_search_waits_for_the_re_run_of_a_degraded_run(quick_lab):
     from nightlab import snapshots
     from nightlab.lab import Lab
     from nightlab.ledger import NewExperiment
-    from nightlab.research import SearchPlan, WaitProgress, _LabLoop
+    from nightlab.search_loop import SearchPlan, WaitProgress, _LabLoop
 
     lab_dir = quick_lab(slots=1, sleep=0.05)
     first = nightlab("submit", "-m", "idea", "--no-start", cwd=lab_dir).stdout.split()[0]

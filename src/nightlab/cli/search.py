@@ -144,7 +144,7 @@ def command(
       nightlab search --strategy factorial --space 'MATRIX_LR=log(0.01,0.08)' \\
           --space 'WARMUP_RATIO=uniform(0,0.2)' --waves 5
     """
-    from nightlab.research import run_search
+    from nightlab.search_loop import run_search
 
     metric = lab.config.metric.name
     lines = []

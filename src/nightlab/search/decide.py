@@ -81,7 +81,7 @@ KEEP, WITHIN_NOISE, DISCARD = "keep", "within-noise", "discard"
 # Beyond this many degrees of freedom the t quantile is its Cornish-Fisher expansion (error < 1e-6).
 _SERIES_DOF = 1000
 # Repeats of the incumbent `nightlab search` runs alongside its first wave when the tier has no
-# noise floor (research._LabLoop.start_noise_floor; bench/search_family.py simulates the same).
+# noise floor (search_loop._LabLoop.start_noise_floor; bench/search_family.py simulates the same).
 FLOOR_REPEATS = 3
 # A keep needs this many runs on each side, so that each side's own spread can be checked.
 MIN_RUNS_TO_KEEP = 2

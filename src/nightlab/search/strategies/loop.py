@@ -1,7 +1,7 @@
 """`run_loop`, the research loop of `nightlab search` as pure logic over callables.
 
 Propose a wave, submit it, wait, pick and judge the winner, adopt it, repeat until the wave budget
-or the deadline is spent. The caller supplies the ledger-backed callables (research.py for a lab,
+or the deadline is spent. The caller supplies the ledger-backed callables (nightlab.search_loop for a lab,
 bench/search_family.py and bench/search_standin.py for in-memory ones), so the loop itself is
 tested with in-memory fakes.
 """

@@ -1,4 +1,7 @@
-"""The automatic research loop on a lab (`nightlab search`): strategies wired to the ledger and fleet.
+"""The lab's search loop (`nightlab search`): the strategies of `nightlab.search` run on a lab.
+
+`nightlab.search` is pure logic with no lab; this package is the loop that drives it through the
+ledger and the fleet (it was `nightlab.research` before issue 33, a name that said neither).
 
 `search.strategies.run_loop` is the loop as pure logic; this module supplies its callables:
 
@@ -40,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nightlab.errors import UsageError
-from nightlab.research._loop import SearchPlan, WaitProgress, _LabLoop, tier_slots
+from nightlab.search_loop._loop import SearchPlan, WaitProgress, _LabLoop, tier_slots
 from nightlab.waves import head_knobs, parse_spaces
 
 if TYPE_CHECKING:

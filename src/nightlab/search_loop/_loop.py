@@ -1,6 +1,6 @@
 """The search loop's callables bound to one lab (`_LabLoop`), and the plan they follow.
 
-`nightlab.research` (the package) wires them into `search.strategies.run_loop`; its docstring
+`nightlab.search_loop` (the package) wires them into `search.strategies.run_loop`; its docstring
 describes what each step does.
 """
 
