@@ -39,6 +39,7 @@ import random
 import sys
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,6 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
         `data_fingerprint`, `val_set` (demo), `eval_tokens`, `eval_seconds`, `probe_rows`, plus the clock's figures.
     """
     import torch
-    import torch.nn.functional as F
 
     from nightlab.harness.cache import load_manifest
     from nightlab.harness.loader import val_batches
@@ -235,22 +235,8 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
     profile = load_lab_profile(lab)
     folder = Path(data_dir) if data_dir is not None else default_data_dir(profile)
     manifest = load_manifest(folder, profile=profile)
-    try:
-        meta = json.loads((handoff / HANDOFF_META).read_text())
-    except (OSError, ValueError) as e:
-        raise UnscorableModelError(
-            f"no readable `{HANDOFF_META}` in `{handoff}`; train.py must call hand_in"
-        ) from e
-    clock = {k: meta["clock"][k] for k in ("training_seconds", "warmup_seconds", "warmup_steps", "steps")}
-    result: dict[str, Any] = {
-        "status": "ok",
-        "data_fingerprint": manifest["fingerprint"],
-        # which validation set (demo: drawn from the data folder's secret); the controller
-        # refuses a score from another set than its lab's (`owned.apply_score`)
-        **({"val_set": manifest["source"]["val_set"]} if "val_set" in manifest.get("source", {}) else {}),
-        **clock,
-        "export_seconds": meta.get("export_seconds"),
-    }
+    meta = _read_handoff(handoff)
+    result = _summary_of_handoff(manifest, meta)
     B = int(meta["batch_size"])
     T = profile.seq_len
     if int(meta.get("seq_len", T)) != T or B < 1:
@@ -263,49 +249,127 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
     model = load_program(handoff / MODEL_FILE)
 
     token_bytes = torch.as_tensor(Tokenizer.load(folder).token_bytes, dtype=torch.int64, device=device)
-    V = token_bytes.numel()
     xs, ys = [], []
     for x, y in val_batches(folder, B, T, device, profile.eval_tokens):
         xs.append(x)
         ys.append(y)
-    X, Y = torch.cat(xs), torch.cat(ys)
-    N = X.size(0)
+    rows = _ProbedRows.hide_probes(torch.cat(xs), torch.cat(ys), B, T)
+    total_nats, total_bytes, stats, shape_error = _evaluate(model, rows, token_bytes, B, T, device)
+    # A model that fails the probe is still scored: the (too good) number shows what the leak is
+    # worth, and the reason travels with it so the fleet records `invalid`, not a result.
+    reason = shape_error or _probe_verdict(rows.probes, stats, rows.N)
+    if reason:
+        result.update(status="invalid", invalid_reason=reason)
+    if shape_error is None:
+        if total_bytes.item() == 0:
+            raise NightlabError("no scored bytes in the validation rows; re-run `nightlab prepare`")
+        result["val_bpb"] = round((total_nats / (math.log(2) * total_bytes)).item(), 6)
+    result.update(
+        eval_tokens=rows.N * T, probe_rows=rows.K, eval_seconds=round(time.perf_counter() - start, 3)
+    )
+    return result
 
-    # The hidden probe: copies of random rows with a real-text suffix from another row after t.
-    rng = random.Random(os.urandom(16))
-    K = min(PROBE_ROWS_MAX, max(1, N // 8)) if N >= 2 else 0
-    probes = []  # (original row, cut position t)
-    Xp, Yp = [], []
-    for i in rng.sample(range(N), K):
-        t = rng.randrange(T // 4, T - 1)
-        j = rng.choice([r for r in range(N) if r != i])
-        x, y = X[i].clone(), Y[i].clone()
-        x[t + 1 :] = X[j, t + 1 :]
-        y[t:] = Y[j, t:]  # y[t] is the token at t + 1: targets stay x shifted by one
-        Xp.append(x)
-        Yp.append(y)
-        probes.append((i, t))
-    order = list(range(N + K))  # < N: ordinary rows; >= N: probe copies
-    rng.shuffle(order)
-    pad = -len(order) % B  # the exported program takes exactly B rows: fill with ordinary rows, unscored
-    order += [-1 - r for r in rng.sample(range(N), pad)] if pad <= N else [-1] * pad
 
-    def row(k: int) -> tuple[Any, Any]:
-        if k >= N:
-            return Xp[k - N], Yp[k - N]
+def _read_handoff(handoff: Path) -> dict[str, Any]:
+    """What `hand_in` wrote beside the model (batch shape, device, the clock's figures)."""
+    try:
+        return json.loads((handoff / HANDOFF_META).read_text())
+    except (OSError, ValueError) as e:
+        raise UnscorableModelError(
+            f"no readable `{HANDOFF_META}` in `{handoff}`; train.py must call hand_in"
+        ) from e
+
+
+def _summary_of_handoff(manifest: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The summary keys known before scoring: the data's fingerprint and validation set, the clock's figures."""
+    clock = {k: meta["clock"][k] for k in ("training_seconds", "warmup_seconds", "warmup_steps", "steps")}
+    return {
+        "status": "ok",
+        "data_fingerprint": manifest["fingerprint"],
+        # which validation set (demo: drawn from the data folder's secret); the controller
+        # refuses a score from another set than its lab's (`owned.apply_score`)
+        **({"val_set": manifest["source"]["val_set"]} if "val_set" in manifest.get("source", {}) else {}),
+        **clock,
+        "export_seconds": meta.get("export_seconds"),
+    }
+
+
+@dataclass
+class _ProbedRows:
+    """The validation rows with the hidden probe copies shuffled in, in the order they are fed.
+
+    `order` holds k < N for ordinary row k, k >= N for probe copy k - N, and -1 - r for ordinary
+    row r repeated as padding (the exported program takes exactly B rows; padding is unscored).
+    """
+
+    X: Any
+    Y: Any
+    Xp: list[Any]
+    Yp: list[Any]
+    probes: list[tuple[int, int]]  # (original row, cut position t), one per copy
+    order: list[int]
+
+    @property
+    def N(self) -> int:
+        return int(self.X.size(0))
+
+    @property
+    def K(self) -> int:
+        return len(self.probes)
+
+    @classmethod
+    def hide_probes(cls, X: Any, Y: Any, B: int, T: int) -> _ProbedRows:
+        """Copies of random rows with a real-text suffix from another row after t, shuffled in."""
+        N = X.size(0)
+        rng = random.Random(os.urandom(16))
+        K = min(PROBE_ROWS_MAX, max(1, N // 8)) if N >= 2 else 0
+        probes = []
+        Xp, Yp = [], []
+        for i in rng.sample(range(N), K):
+            t = rng.randrange(T // 4, T - 1)
+            j = rng.choice([r for r in range(N) if r != i])
+            x, y = X[i].clone(), Y[i].clone()
+            x[t + 1 :] = X[j, t + 1 :]
+            y[t:] = Y[j, t:]  # y[t] is the token at t + 1: targets stay x shifted by one
+            Xp.append(x)
+            Yp.append(y)
+            probes.append((i, t))
+        order = list(range(N + K))  # < N: ordinary rows; >= N: probe copies
+        rng.shuffle(order)
+        pad = -len(order) % B  # the exported program takes exactly B rows: fill with ordinary rows, unscored
+        order += [-1 - r for r in rng.sample(range(N), pad)] if pad <= N else [-1] * pad
+        return cls(X, Y, Xp, Yp, probes, order)
+
+    def row(self, k: int) -> tuple[Any, Any]:
+        if k >= self.N:
+            return self.Xp[k - self.N], self.Yp[k - self.N]
         r = k if k >= 0 else -1 - k
-        return X[r], Y[r]
+        return self.X[r], self.Y[r]
 
-    watched = {i for i, _ in probes} | {N + p for p in range(K)}
+
+def _evaluate(
+    model: Any,
+    rows: _ProbedRows,
+    token_bytes: Any,
+    B: int,
+    T: int,
+    device: str,
+) -> tuple[Any, Any, dict[int, Any], str | None]:
+    """Feed every row in order: nats and bytes of the scored rows, the probe statistics of the
+    watched ones (originals and copies), and the shape error that stopped it (None when none)."""
+    import torch
+    import torch.nn.functional as F
+
+    N, V = rows.N, token_bytes.numel()
+    watched = {i for i, _ in rows.probes} | {N + p for p in range(rows.K)}
     stats: dict[int, Any] = {}
     total_nats = torch.zeros((), dtype=torch.float64, device=device)
     total_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    shape_error = None
     with torch.no_grad():
-        for b in range(0, len(order), B):
-            keys = order[b : b + B]
-            x = torch.stack([row(k)[0] for k in keys])
-            y = torch.stack([row(k)[1] for k in keys])
+        for b in range(0, len(rows.order), B):
+            keys = rows.order[b : b + B]
+            x = torch.stack([rows.row(k)[0] for k in keys])
+            y = torch.stack([rows.row(k)[1] for k in keys])
             with _autocast(device):
                 out = model(x)
             shape = tuple(getattr(out, "shape", ()))
@@ -313,7 +377,7 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
                 shape_error = (
                     f"model(x) must return logits of shape (B, T, >= {V}); got {shape or type(out).__name__}"
                 )
-                break
+                return total_nats, total_bytes, stats, shape_error
             logits = out[..., :V].float()
             _, per_pos = _row_stats(logits, y)
             for pos, k in enumerate(keys):
@@ -324,17 +388,7 @@ def score(handoff: Path, lab: Path, *, data_dir: Path | None = None) -> dict[str
             total_nats += (F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
                            * (nbytes > 0)).sum(dtype=torch.float64)  # fmt: skip
             total_bytes += nbytes.sum()
-    # A model that fails the probe is still scored: the (too good) number shows what the leak is
-    # worth, and the reason travels with it so the fleet records `invalid`, not a result.
-    reason = shape_error or _probe_verdict(probes, stats, N)
-    if reason:
-        result.update(status="invalid", invalid_reason=reason)
-    if shape_error is None:
-        if total_bytes.item() == 0:
-            raise NightlabError("no scored bytes in the validation rows; re-run `nightlab prepare`")
-        result["val_bpb"] = round((total_nats / (math.log(2) * total_bytes)).item(), 6)
-    result.update(eval_tokens=N * T, probe_rows=K, eval_seconds=round(time.perf_counter() - start, 3))
-    return result
+    return total_nats, total_bytes, stats, None
 
 
 def _probe_verdict(probes: list[tuple[int, int]], stats: dict[int, Any], N: int) -> str | None:

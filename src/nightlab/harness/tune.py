@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nightlab.atomic import atomic_write_text
 from nightlab.errors import NightlabError, UsageError
@@ -258,6 +259,97 @@ def _print_table(rows: list[TuneRow], best: TuneRow | None, current: TuneRow | N
     print(f"each figure: the mean of {max((len(r.runs) for r in rows), default=0)} runs", file=sys.stderr)
 
 
+def _read_train_py(lab_dir: Path) -> tuple[Path, str, dict[str, Any]]:
+    """The lab's train.py, its text and its knobs; a `UsageError` when one that tune sets is missing."""
+    from nightlab.search.knobs import list_knobs
+
+    train_py = lab_dir / "train.py"
+    if not train_py.is_file():
+        raise UsageError(
+            f"no train.py in `{lab_dir}`; run tune in a lab made by `nightlab init --profile NAME`"
+        )
+    source = train_py.read_bytes().decode("utf-8")  # bytes: keep CRLF line endings as they are
+    knobs = {k.name: k.value for k in list_knobs(source)}
+    missing = [k for k in _REQUIRED_KNOBS if k not in knobs]
+    if missing:
+        raise UsageError(
+            f"train.py has no knob `{missing[0]}`; tune sets {', '.join(_REQUIRED_KNOBS)}: restore them from "
+            "the template"
+        )
+    return train_py, source, knobs
+
+
+def _candidates(
+    lab_dir: Path,
+    knobs: dict[str, Any],
+    batch_sizes: Sequence[int] | None,
+    compiles: Sequence[str] | None,
+    attentions: Sequence[str] | None,
+) -> tuple[list[Candidate], Candidate]:
+    """Every combination to measure (the options checked), and the setting train.py has now among them."""
+    from nightlab.harness.accel import ATTENTION_CHOICES, COMPILE_CHOICES, available_attention
+    from nightlab.harness.profiles import load_lab_profile
+
+    seq_len = load_lab_profile(lab_dir).seq_len
+    total = int(knobs["TOTAL_BATCH_SIZE"])
+    sizes = (
+        list(batch_sizes)
+        if batch_sizes
+        else _default_batch_sizes(int(knobs["DEVICE_BATCH_SIZE"]), total, seq_len)
+    )
+    for b in sizes:
+        if b < 1 or total % (b * seq_len):
+            raise UsageError(
+                f"batch size `{b}`: TOTAL_BATCH_SIZE {total} is not a multiple of {b} x seq_len {seq_len}"
+            )
+    compiles = list(compiles or ("on", "off"))
+    attentions = list(attentions or available_attention())
+    for value, choices, name in [(c, COMPILE_CHOICES, "compile") for c in compiles] + [
+        (a, ATTENTION_CHOICES, "attention") for a in attentions
+    ]:
+        if value not in choices:
+            raise UsageError(f"{name} `{value}` is not one of {', '.join(choices)}")
+    candidates = [Candidate(c, a, b) for c in compiles for a in attentions for b in sizes]
+    # the setting train.py has now is what a winner must beat: measured like the others
+    present = Candidate(str(knobs["COMPILE"]), str(knobs["ATTENTION"]), int(knobs["DEVICE_BATCH_SIZE"]))
+    if present not in candidates:
+        candidates.insert(0, present)
+    return candidates, present
+
+
+def _measure(
+    lab_dir: Path,
+    source: str,
+    candidates: list[Candidate],
+    *,
+    steps: int,
+    timeout: float,
+    repeats: int,
+    progress: bool,
+) -> list[TuneRow]:
+    """One row per candidate: up to `repeats` runs of it, each a fresh process, in a copy of the lab."""
+    rows: list[TuneRow] = []
+    with tempfile.TemporaryDirectory(prefix="nightlab-tune-") as tmp:
+        workdir = Path(tmp) / "lab"
+        # The whole lab tree, since train.py may import its neighbours; not the git or nightlab state.
+        shutil.copytree(lab_dir, workdir, ignore=shutil.ignore_patterns(".git", ".nightlab"))
+        for i, candidate in enumerate(candidates, 1):
+            if progress:
+                print(
+                    f"tune {i}/{len(candidates)}: compile={candidate.compile} attention={candidate.attention} "
+                    f"DEVICE_BATCH_SIZE={candidate.device_batch_size} x {repeats} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            runs: list[TuneRow] = []
+            for _ in range(repeats):
+                runs.append(_run_candidate(workdir, source, candidate, steps, timeout))
+                if runs[-1].status != "ok":
+                    break  # a crash, an OOM or a hang does not get better by repeating
+            rows.append(_repeat(runs))
+    return rows
+
+
 def tune(
     lab_dir: Path,
     *,
@@ -292,72 +384,18 @@ def tune(
         UsageError: the lab has no train.py, train.py lacks a knob tune sets, or an option is bad.
         NightlabError: every candidate failed (nothing is written).
     """
-    from nightlab.harness.accel import ATTENTION_CHOICES, COMPILE_CHOICES, available_attention
-    from nightlab.harness.profiles import load_lab_profile
-    from nightlab.search.knobs import list_knobs, set_knobs
+    from nightlab.search.knobs import set_knobs
 
     lab_dir = Path(lab_dir)
-    train_py = lab_dir / "train.py"
-    if not train_py.is_file():
-        raise UsageError(
-            f"no train.py in `{lab_dir}`; run tune in a lab made by `nightlab init --profile NAME`"
-        )
-    source = train_py.read_bytes().decode("utf-8")  # bytes: keep CRLF line endings as they are
-    knobs = {k.name: k.value for k in list_knobs(source)}
-    missing = [k for k in _REQUIRED_KNOBS if k not in knobs]
-    if missing:
-        raise UsageError(
-            f"train.py has no knob `{missing[0]}`; tune sets {', '.join(_REQUIRED_KNOBS)}: restore them from "
-            "the template"
-        )
+    train_py, source, knobs = _read_train_py(lab_dir)
     if steps < 1:
         raise UsageError(f"steps `{steps}` must be at least 1 (and above the warmup steps, 10 on CUDA)")
     if repeats < 1:
         raise UsageError(f"repeats `{repeats}` must be at least 1 (2 or more give an interval)")
-    seq_len = load_lab_profile(lab_dir).seq_len
-    total = int(knobs["TOTAL_BATCH_SIZE"])
-    sizes = (
-        list(batch_sizes)
-        if batch_sizes
-        else _default_batch_sizes(int(knobs["DEVICE_BATCH_SIZE"]), total, seq_len)
+    candidates, present = _candidates(lab_dir, knobs, batch_sizes, compiles, attentions)
+    rows = _measure(
+        lab_dir, source, candidates, steps=steps, timeout=timeout, repeats=repeats, progress=progress
     )
-    for b in sizes:
-        if b < 1 or total % (b * seq_len):
-            raise UsageError(
-                f"batch size `{b}`: TOTAL_BATCH_SIZE {total} is not a multiple of {b} x seq_len {seq_len}"
-            )
-    compiles = list(compiles or ("on", "off"))
-    attentions = list(attentions or available_attention())
-    for value, choices, name in [(c, COMPILE_CHOICES, "compile") for c in compiles] + [
-        (a, ATTENTION_CHOICES, "attention") for a in attentions
-    ]:
-        if value not in choices:
-            raise UsageError(f"{name} `{value}` is not one of {', '.join(choices)}")
-    candidates = [Candidate(c, a, b) for c in compiles for a in attentions for b in sizes]
-    # the setting train.py has now is what a winner must beat: measured like the others
-    present = Candidate(str(knobs["COMPILE"]), str(knobs["ATTENTION"]), int(knobs["DEVICE_BATCH_SIZE"]))
-    if present not in candidates:
-        candidates.insert(0, present)
-
-    rows: list[TuneRow] = []
-    with tempfile.TemporaryDirectory(prefix="nightlab-tune-") as tmp:
-        workdir = Path(tmp) / "lab"
-        # The whole lab tree, since train.py may import its neighbours; not the git or nightlab state.
-        shutil.copytree(lab_dir, workdir, ignore=shutil.ignore_patterns(".git", ".nightlab"))
-        for i, candidate in enumerate(candidates, 1):
-            if progress:
-                print(
-                    f"tune {i}/{len(candidates)}: compile={candidate.compile} attention={candidate.attention} "
-                    f"DEVICE_BATCH_SIZE={candidate.device_batch_size} x {repeats} ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            runs: list[TuneRow] = []
-            for _ in range(repeats):
-                runs.append(_run_candidate(workdir, source, candidate, steps, timeout))
-                if runs[-1].status != "ok":
-                    break  # a crash, an OOM or a hang does not get better by repeating
-            rows.append(_repeat(runs))
 
     ok = [r for r in rows if r.status == "ok"]
     best = max(ok, key=lambda r: r.tok_per_sec or 0.0) if ok else None
