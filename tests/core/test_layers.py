@@ -171,3 +171,9 @@ def test_the_fleet_does_not_import_the_trackers():
     # fleet never loads the trackers or their libraries, and a tracker cannot reach its loop
     assert _reaching("nightlab.fleet", ("nightlab.trackers",)) == []
     assert _reaching("nightlab.ledger", ("nightlab.trackers",)) == []
+
+
+def test_the_cluster_words_are_a_leaf_and_the_cost_report_needs_no_skypilot_backend():
+    # `nightlab report` imports fleet/costs.py: it reads the cluster events without the backend
+    assert IMPORTS["nightlab.fleet.cluster_states"] == set()
+    assert _reaching("nightlab.fleet.costs", ("nightlab.fleet.skypilot",)) == []

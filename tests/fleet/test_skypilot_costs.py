@@ -159,3 +159,20 @@ def test_a_cluster_whose_setup_failed_bills_until_autostop(tmp_path):
 def test_busy_time_counts_overlapping_attempts_once():
     """A pipelined worker leases its next attempt while one runs: the overlap is not busy twice."""
     assert costs._union([(5.0, 9.0), (0.0, 4.0), (3.0, 6.0), (10.0, 11.0)]) == [(0.0, 9.0), (10.0, 11.0)]
+
+
+def test_a_workers_state_is_the_enum_its_events_leave_and_reads_as_before(ledger):
+    # issue 33: one home for the cluster words (`fleet/cluster_states.py`); the cost report's JSON
+    # and table keep the same strings, the ledger keeps the same event kinds
+    from nightlab.fleet.cluster_states import CLUSTER_EVENTS, BillingState, ClusterEvent, ClusterState
+
+    assert [str(k) for k in CLUSTER_EVENTS] == [
+        "cluster-launch", "cluster-up", "cluster-failed", "cluster-lost", "cluster-down"
+    ]  # fmt: skip
+    # the states the machine and the bill share are the machine's own words, not a second copy
+    for shared in ("LAUNCHING", "UP", "FAILED", "DOWN"):
+        assert BillingState[shared] == ClusterState[shared]
+    assert {BillingState.after(k) for k in ClusterEvent} == set(BillingState) - {BillingState.AUTOSTOPPED}
+    w0, w1 = costs.worker_costs(ledger, until=T0 + 2000)  # as in test_worker_costs_by_hand
+    assert isinstance(w0.state, BillingState) and isinstance(w1.state, BillingState)
+    assert json.loads(json.dumps([w0.to_dict()["state"], w1.to_dict()["state"]])) == ["down", "autostopped"]

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import nightlab.fleet.skypilot as skypilot_package
+from nightlab.fleet.cluster_states import ClusterState
 from nightlab.fleet.skypilot import resident
-from nightlab.fleet.skypilot.clusters import ClusterState
 from nightlab.fleet.skypilot.feeds import RemoteState
 from nightlab.fleet.skypilot.jobs import RunState
 from nightlab.fleet.skypilot.residents import ResidentState

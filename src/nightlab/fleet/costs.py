@@ -33,9 +33,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nightlab.fleet.cluster_states import CLUSTER_EVENTS, BillingState, ClusterEvent
 from nightlab.ledger import ExperimentStatus, Ledger
-
-CLUSTER_EVENTS = ("cluster-launch", "cluster-up", "cluster-failed", "cluster-lost", "cluster-down")
 
 
 def hourly_price(handle: Any, override: float | None = None) -> float | None:
@@ -65,7 +64,7 @@ class WorkerCost:
 
     worker: str
     cluster: str | None
-    state: str  # launching | up | failed | lost | down | autostopped
+    state: BillingState
     hourly_price: float | None
     gpu_name: str | None
     nightlab_version: str | None = None  # what the cluster's set-up installed (probe after set-up)
@@ -138,16 +137,15 @@ def worker_costs(
     activity: dict[str, float] = {}
     for e in events:
         w = workers.setdefault(
-            e.worker or "?", WorkerCost(e.worker or "?", e.data.get("cluster"), "down", None, None)
+            e.worker or "?", WorkerCost(e.worker or "?", e.data.get("cluster"), BillingState.DOWN, None, None)
         )
         w.cluster = e.data.get("cluster", w.cluster)
-        w.state = e.kind.removeprefix("cluster-")
+        w.state = BillingState.after(ClusterEvent(e.kind))
         activity[w.worker] = e.ts  # autostop counts idle time from the last thing that happened
-        if e.kind == "cluster-launch":
-            w.state = "launching"
+        if e.kind == ClusterEvent.LAUNCH:
             open_since.setdefault(w.worker, e.ts)
             launch_at[w.worker] = e.ts
-        elif e.kind == "cluster-up":
+        elif e.kind == ClusterEvent.UP:
             w.hourly_price = e.data.get("hourly_price", w.hourly_price)
             w.gpu_name = e.data.get("gpu_name") or w.gpu_name
             w.nightlab_version = e.data.get("nightlab_version") or w.nightlab_version
@@ -159,9 +157,9 @@ def worker_costs(
             autostop[w.worker] = float("inf") if minutes is None else 60.0 * float(minutes)
             start = launch_at.pop(w.worker, e.ts - float(e.data.get("setup_seconds", 0.0)))
             w.setup_seconds += _clip(start, e.ts, since, until)
-        elif e.kind == "cluster-failed" and e.data.get("provisioned"):
+        elif e.kind == ClusterEvent.FAILED and e.data.get("provisioned"):
             launch_at.pop(w.worker, None)  # set-up failed on a live cluster: it bills until autostop
-        elif e.kind in ("cluster-lost", "cluster-down", "cluster-failed") and w.worker in open_since:
+        elif e.kind in (ClusterEvent.LOST, ClusterEvent.DOWN, ClusterEvent.FAILED) and w.worker in open_since:
             w.held_seconds += _clip(open_since.pop(w.worker), e.ts, since, until)
             launch_at.pop(w.worker, None)
     attempts = _attempts_by_worker(ledger, set(workers))
@@ -170,8 +168,10 @@ def worker_costs(
         last = max([start, activity[name]] + [a[1] or until for a in own])
         end = until if ledger.controller() is not None else min(until, last + autostop.get(name, 600.0))
         workers[name].held_seconds += _clip(start, end, since, until)
-        if end < until and workers[name].state == "up":
-            workers[name].state = "autostopped"  # no controller watched: SkyPilot stopped it by now
+        if end < until and workers[name].state == BillingState.UP:
+            workers[
+                name
+            ].state = BillingState.AUTOSTOPPED  # no controller watched: SkyPilot stopped it by now
     training = _training_by_worker(ledger)
     lanes: dict[str, set[str]] = {name: {name} for name in workers}
     for slot in {*attempts, *training}:
@@ -236,7 +236,7 @@ def _training_by_worker(ledger: Ledger) -> dict[str, list[tuple[float, float]]]:
 def attempt_costs(ledger: Ledger) -> dict[str, float]:
     """Dollars per experiment: each attempt's duration times its slot's hourly price (node price / slots)."""
     prices: dict[str, float] = {}
-    for e in ledger.events(limit=1_000_000, kinds=("cluster-up",)):
+    for e in ledger.events(limit=1_000_000, kinds=(ClusterEvent.UP,)):
         if e.worker and e.data.get("hourly_price") is not None:
             prices[e.worker] = float(e.data["hourly_price"]) / max(1, int(e.data.get("slots") or 1))
     out: dict[str, float] = {}

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from nightlab.config import LabConfig, slots_per_cluster
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.fleet.cluster_states import ClusterEvent, ClusterState
 from nightlab.fleet.sky_task import _sky, experiment_task, job_name
 from nightlab.fleet.skypilot import core
-from nightlab.fleet.skypilot.clusters import Cluster, Clusters, ClusterState
+from nightlab.fleet.skypilot.clusters import Cluster, Clusters
 from nightlab.fleet.skypilot.core import (
     Shared,
     cluster_workers,
@@ -274,7 +275,7 @@ class SkyPilotBackend(BaseBackend):
                 if not is_gone(e):
                     errors.append(f"`{name}`: {e}")
                     continue
-            self.shared.event("cluster-down", names[name], {"cluster": name})
+            self.shared.event(ClusterEvent.DOWN, names[name], {"cluster": name})
         self.jobs.residents.forget_records()
         self.shared.flush()
         if errors:

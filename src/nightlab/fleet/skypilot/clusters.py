@@ -13,7 +13,6 @@ Every change is a ledger event (`cluster-launch`, `cluster-up`, `cluster-failed`
 from __future__ import annotations
 
 import contextlib
-import enum
 import io
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 from nightlab.config import LabConfig, PoolConfig, slots_per_cluster
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.build import Wheel, build_wheel
+from nightlab.fleet.cluster_states import ClusterEvent, ClusterState
 from nightlab.fleet.costs import hourly_price
 from nightlab.fleet.job_log import clean_job_log
 from nightlab.fleet.sky_task import (
@@ -47,17 +47,6 @@ from nightlab.fleet.skypilot.core import (
 )
 
 _STDOUT_LOCK = threading.Lock()
-
-
-class ClusterState(enum.StrEnum):
-    """Where a worker's cluster is in its state machine (module docstring); `fleet up` prints these words."""
-
-    UNKNOWN = "unknown"  # not asked yet
-    CHECKING = "checking"  # one `sky.status` for all is in flight
-    DOWN = "down"  # not there (never launched, stopped, preempted): launched when work needs it
-    LAUNCHING = "launching"  # `sky.launch`, set-up and the probe are in flight
-    UP = "up"
-    FAILED = "failed"  # its launch failed: retried after `retry_at` (never, for set-up failures)
 
 
 @dataclass
@@ -175,7 +164,7 @@ class Clusters:
             record = by_name.get(c.name)
             # an UP cluster whose set-up failed or never finished (a launch interrupted by a
             # dying process) is not ready: it is launched again, which reruns set-up
-            ready = last.get(c.worker) in (None, "cluster-up")
+            ready = last.get(c.worker) in (None, ClusterEvent.UP)
             up = (
                 record is not None
                 and status_name(field_of(record, "status")) == SkyClusterStatus.UP
@@ -223,7 +212,7 @@ class Clusters:
         log_dir = shared.lab_dir / ".nightlab" / "fleet" / cluster.name
         log_dir.mkdir(parents=True, exist_ok=True)
         launch_log = log_dir / "launch.log"
-        shared.event("cluster-launch", cluster.worker, {"cluster": cluster.name})
+        shared.event(ClusterEvent.LAUNCH, cluster.worker, {"cluster": cluster.name})
         try:
             if self.before_launch is not None:
                 self.before_launch(cluster)
@@ -278,7 +267,7 @@ class Clusters:
             cluster.hourly_price = hourly_price(handle, pool.options.get("hourly_price"))
             cluster.cpus = launched_cpus(handle)
         shared.event(
-            "cluster-up",
+            ClusterEvent.UP,
             cluster.worker,
             {
                 "cluster": cluster.name,
@@ -304,7 +293,7 @@ class Clusters:
             cluster.state, cluster.detail = ClusterState.FAILED, detail
             cluster.retry_at = time.time() + self.relaunch_backoff if retry else float("inf")
         data = {"cluster": cluster.name, "detail": detail, "log": str(log_path), "provisioned": provisioned}
-        self.shared.event("cluster-failed", cluster.worker, data)
+        self.shared.event(ClusterEvent.FAILED, cluster.worker, data)
         log.warning("cluster %s: %s (log: %s)", cluster.name, detail, log_path)
         self.notify(cluster)
 
@@ -317,7 +306,7 @@ class Clusters:
                 # same path a relaunch sets up again: relaunching at once raced it (broken venv)
                 cluster.state, cluster.retry_at = ClusterState.DOWN, time.time() + core.LOST_RELAUNCH_DELAY
         if was_up:
-            self.shared.event("cluster-lost", cluster.worker, {"cluster": cluster.name, "detail": detail})
+            self.shared.event(ClusterEvent.LOST, cluster.worker, {"cluster": cluster.name, "detail": detail})
         self.notify(cluster)
 
     def notify(self, cluster: Cluster) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nightlab.config import PoolConfig, cluster_gpus, slots_per_cluster
 from nightlab.errors import NightlabError
 from nightlab.fleet.backend import RunSpec, WorkerSlot
+from nightlab.fleet.cluster_states import CLUSTER_EVENTS, ClusterEvent
 from nightlab.fleet.sky_task import check_pool
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ CHANNEL_PATIENCE = 300.0
 FEED_INTERVAL = 0.25
 VAGUE_PATIENCE = 5.0
 _GONE = ("ClusterNotUpError", "ClusterDoesNotExist")
-CLUSTER_EVENT_PREFIX = "cluster-"
 
 
 class SkyJobStatus(enum.StrEnum):
@@ -325,8 +325,6 @@ class Shared:
 
     def use_ledger(self, ledger: Ledger) -> None:
         """Record events in `ledger` from now on; call on the thread that owns it."""
-        from nightlab.fleet.costs import CLUSTER_EVENTS
-
         self.ledger = ledger
         try:
             events = ledger.events(limit=1_000_000, kinds=CLUSTER_EVENTS)
@@ -346,7 +344,7 @@ class Shared:
         """Queue a ledger event (any thread); the owner's next call into the backend writes it."""
         with self.lock:
             self._pending.append((kind, worker, data))
-            if kind.startswith(CLUSTER_EVENT_PREFIX):
+            if kind in CLUSTER_EVENTS:
                 self.last_cluster_event[worker] = kind
                 _note_software(self.recorded_software, kind, worker, data)
 
@@ -411,7 +409,7 @@ def _note_software(software: dict[str, dict[str, Any]], kind: str, worker: str, 
     Any other cluster event (a launch, a loss, a teardown) means a new cluster whose probe is
     not known yet, so the old one is forgotten.
     """
-    if kind == "cluster-up":
+    if kind == ClusterEvent.UP:
         software[worker] = {"sandbox": data.get("sandbox")}
     else:
         software.pop(worker, None)

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from nightlab.atomic import atomic_write_json
 from nightlab.fleet.backend import RunExit, RunSpec
+from nightlab.fleet.cluster_states import ClusterState
 from nightlab.fleet.job_log import JobLogSink, add_run_keys, read_health, save_score
 from nightlab.fleet.sky_task import job_name
 from nightlab.fleet.skypilot import core
-from nightlab.fleet.skypilot.clusters import Cluster, Clusters, ClusterState
+from nightlab.fleet.skypilot.clusters import Cluster, Clusters
 from nightlab.fleet.skypilot.core import (
     EXIT_STATUS,
     TERMINAL,

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 from nightlab.atomic import atomic_write_json
 from nightlab.config import slots_per_cluster
 from nightlab.fleet.backend import RunExit
+from nightlab.fleet.cluster_states import ClusterState
 from nightlab.fleet.skypilot import core
 from nightlab.fleet.skypilot.channel import Channel, ChannelError, local_argv, slurm_argv
-from nightlab.fleet.skypilot.clusters import ClusterState
 from nightlab.fleet.skypilot.core import (
     TERMINAL,
     is_gone,
