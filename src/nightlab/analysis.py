@@ -94,7 +94,7 @@ class ResultRow:
             "wave": e.wave,
             "snapshot": e.snapshot,
             "delta": self.delta,
-            "judged": e.judged,
+            "judged": e.judged_document(),
             "earlier_incumbent": self.earlier_incumbent,
             "earlier_figure": self.earlier_figure,
             "incumbent": self.incumbent,

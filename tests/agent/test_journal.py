@@ -207,6 +207,9 @@ def test_journal_command_text_and_json(history):
     assert {t["name"]: t["dead_end"] for t in data["themes"]} == {"LR": False, "MODE": True, "module": False}
     assert data["seed_changes"][0]["kind"] == "seed-change"
     assert data["in_flight"] == []
+    # an idea's research identity, under its name since ledger schema v6 and its old one (issue 33)
+    idea = data["themes"][0]["ideas"][0]
+    assert len(idea["identity"]) == 64 and idea["tree"] == idea["identity"]
 
 
 def test_a_deleted_editable_file_is_one_theme_and_the_run_file_cannot_be_deleted(tmp_path):

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import sqlite3
 
+from nightlab.analysis import ResultRow
 from nightlab.ledger import LEGACY_IDENTITY_KEY, MIGRATIONS, SCHEMA_VERSION, Ledger, _recover, backup
 
 IDENTITY = "a" * 64
@@ -89,10 +90,14 @@ def test_json_documents_keep_the_old_tree_key_beside_identity(tmp_path):
     path = tmp_path / "ledger.db"
     _v5_ledger(path)
     with Ledger(path) as ledger:
-        d = ledger.get("e0001").to_dict()
+        e = ledger.get("e0001")
+    d = e.to_dict()  # `show --json`
     assert LEGACY_IDENTITY_KEY == "tree"
     assert d["identity"] == d["tree"] == IDENTITY
     assert d["judged"]["identity"] == d["judged"]["tree"] == INCUMBENT
+    row = ResultRow(e, 1.2, None).to_dict("val_bpb")  # a row of `results --json`
+    assert row["judged"]["identity"] == row["judged"]["tree"] == INCUMBENT
+    assert e.judged == {"incumbent": "c" * 40, "identity": INCUMBENT, "mean": 1.25, "n": 3}  # stored once
 
 
 def test_a_damaged_v5_ledger_is_salvaged_under_v6_names(tmp_path):
@@ -108,3 +113,10 @@ def test_a_damaged_v5_ledger_is_salvaged_under_v6_names(tmp_path):
         ledger.recover(_recover.RecoveryPlan(experiments=list(rows.values())))
         restored = ledger.get("e0001")
     assert restored.identity == IDENTITY and restored.judged["identity"] == INCUMBENT
+
+
+def test_a_noise_table_row_carries_identity_and_the_old_tree_key():
+    from nightlab.waves import SnapshotFigure
+
+    d = SnapshotFigure(IDENTITY, "cpu", 1.0, 0.01, 2, ("e0001", "e0002")).to_dict()  # `noise --json`
+    assert d["identity"] == d["tree"] == IDENTITY

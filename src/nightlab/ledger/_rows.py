@@ -149,9 +149,14 @@ class Experiment(_AsDict):
         d = super().to_dict()
         d["status"] = self.status.label
         d[LEGACY_IDENTITY_KEY] = self.identity
-        if self.judged is not None and "identity" in self.judged:
-            d["judged"] = {**self.judged, LEGACY_IDENTITY_KEY: self.judged["identity"]}
+        d["judged"] = self.judged_document()
         return d
+
+    def judged_document(self) -> dict[str, Any] | None:
+        """`judged` as JSON output carries it: the incumbent's identity under its old key too."""
+        if self.judged is None or "identity" not in self.judged:
+            return self.judged
+        return {**self.judged, LEGACY_IDENTITY_KEY: self.judged["identity"]}
 
     def brief(self, metric: str) -> dict[str, Any]:
         """The fields a listing of runs shows, with `metric` for an ok run (None otherwise)."""
