@@ -434,11 +434,13 @@ class Sim:
     Workers are a heap of free times; a run starts at max(its submit time, the first free worker).
     """
 
-    def __init__(self, m: Member, *, workers: int, seed: int, settle: bool = True, z: float = 2.0) -> None:
+    def __init__(
+        self, m: Member, *, workers: int, seed: int, settle: bool = True, z: float = 2.0, t0: float = 0.0
+    ) -> None:
         self.m, self.workers, self.settle_on, self.z = m, workers, settle, z
         self.rng = np.random.default_rng(seed * 7919 + 17)
-        self.free = [0.0] * workers
-        self.now = 0.0  # the loop's clock: when the last judged wave's results were in
+        self.free = [t0] * workers
+        self.now = t0  # the loop's clock: when the last judged wave's results were in
         self.runs: list[Run] = []
         self.by_key: dict[tuple, list[Run]] = {}
         self.waves: dict[str, list[Run]] = {}
@@ -942,6 +944,8 @@ def search(
     options: Mapping[str, object] | None = None,
     floor: int = FLOOR_REPEATS,
     screen: tuple[float, int, Fidelity, float] | None = None,
+    t0: float = 0.0,
+    patience: int = 2,
 ) -> Trace:
     """Run one search of `strategy` on member `m` through `run_loop`; its path of true values.
 
@@ -949,15 +953,21 @@ def search(
     on a short rung with asynchronous successive halving (`ScreenSim`); `+full` after it tells the
     strategy a promoted configuration's full-run mean instead of its short value, `+pipe` ends a
     wave with its short round (the promoted full runs are judged with the wave in which they end):
-    `pattern@screen+full+pipe`."""
+    `pattern@screen+full+pipe`. `NAME@climb` runs NAME's whole search on the short rung and
+    confirms each rung adoption with full runs (`ClimbSim`); `NAME@climb+polish` stops the climb
+    once the rung adopted nothing for `patience` waves and its confirmations are judged, and goes
+    on with NAME at the full budget from the confirmed incumbent (the short rung's bias cannot
+    move a point the full runs judge). `t0`: the clock at which the workers are first free."""
     name, _, variant = strategy.partition("@")
     strat = make_strategy(name, m.dims, seed=seed, **dict(options or {}))
     settle = not strat.settles_in_next_wave(workers)  # as `nightlab search`: no settle round then
-    if variant == "climb":
+    polish = variant == "climb+polish"
+    full_waves = waves
+    if variant in ("climb", "climb+polish"):
         if screen is None:
             sys.exit(f"`{strategy}`: NAME@climb needs --screen-fraction")
         fraction, _, fid, _ = screen
-        sim = ClimbSim(m, fraction=fraction, fid=fid, workers=workers, seed=seed, settle=settle)
+        sim = ClimbSim(m, fraction=fraction, fid=fid, workers=workers, seed=seed, settle=settle, t0=t0)
         # a wave is a round of short runs: the same number of waves covers less time
         waves = math.ceil(waves * (1 + fid.overhead) / (fraction + fid.overhead))
     elif variant.startswith("screen"):
@@ -981,15 +991,18 @@ def search(
             settle=True,
         )
     elif rolling:
-        sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
+        sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle, t0=t0)
     else:
-        sim = Sim(m, workers=workers, seed=seed, settle=settle)
+        sim = Sim(m, workers=workers, seed=seed, settle=settle, t0=t0)
     truth0 = m.truth(m.values(m.start))
-    state = {"truth": truth0, "wrong": 0}
-    times, truths = [0.0], [truth0]
+    state = {"truth": truth0, "wrong": 0, "stall": 0}
+    times, truths = [t0], [truth0]
     log: list[WaveLog] = []
 
     class Reached(Exception):
+        pass
+
+    class Stalled(Exception):
         pass
 
     def full_adoptions() -> None:
@@ -1010,6 +1023,9 @@ def search(
         log.append(WaveLog(begun, sim.now, [(r.key, r.start, r.end) for r in fresh], adopted))
         if isinstance(sim, ClimbSim):  # only the full-budget adoptions count
             full_adoptions()
+            state["stall"] = 0 if summary.adopted is not None else state["stall"] + 1
+            if polish and state["stall"] >= patience:
+                raise Stalled
         elif summary.adopted is not None:
             new = m.truth(m.values(sim.head))
             state["wrong"] += new > state["truth"] + 1e-12
@@ -1043,13 +1059,39 @@ def search(
             incumbent_values=sim.incumbent_values,
         )
         done = len(result.waves)
-        if isinstance(sim, ClimbSim):  # the confirmations still going are waited for and judged
-            sim.finish()
-            full_adoptions()
+    except Stalled:
+        done = len(sim.waves)
     except Reached:
         done = len(sim.waves)
+    reached = len(truths) > 1 and stop_at is not None and truths[-1] <= stop_at + 1e-12
+    if isinstance(sim, ClimbSim) and not reached:
+        try:  # the confirmations still going are waited for and judged
+            sim.finish()
+            full_adoptions()
+        except Reached:
+            reached = True
     cpu = time.process_time() - started
-    return Trace(times, truths, state["wrong"], len(sim.runs), cpu, done, m.sd(m.values(sim.head)), log)
+    runs, head = len(sim.runs), sim.head
+    if isinstance(sim, ClimbSim):
+        head = sim.full_head
+        if polish and not reached:  # on at the full budget from the confirmed incumbent
+            rest = search(
+                replace(m, start=dict(sim.full_head)),
+                name,
+                workers=workers,
+                seed=seed + 100_000,
+                waves=full_waves,
+                stop_at=stop_at,
+                options=options,
+                floor=floor,
+                t0=sim.now,
+            )
+            times += rest.times[1:]
+            truths += rest.truths[1:]
+            state["wrong"] += rest.wrong
+            runs, cpu, done, log = runs + rest.runs, cpu + rest.cpu, done + rest.waves, log + rest.log
+            return Trace(times, truths, state["wrong"], runs, cpu, done, rest.final_sd, log)
+    return Trace(times, truths, state["wrong"], runs, cpu, done, m.sd(m.values(head)), log)
 
 
 # --- where a search's time goes (`--levers`) ------------------------------------------------------

@@ -263,3 +263,17 @@ def test_a_climbing_search_is_judged_on_its_full_budget_adoptions_only() -> None
         m, "pattern@climb", workers=16, seed=0, waves=4, stop_at=greedy.truths[-1], screen=screen
     )
     assert s.wrong == 0 and len(s.times) >= 2 and s.truths[-1] < s.truths[0]
+
+
+def test_a_polished_climb_goes_on_at_the_full_budget_from_what_its_full_runs_confirmed() -> None:
+    m = family.member("d1")  # an LR-led member: the assumed short-run bias misleads the rung there
+    greedy = family.search(m, "greedy", workers=1, seed=1, waves=60)
+    target = greedy.truths[-1] + 0.5 * greedy.final_sd
+    screen = (1 / 3, 3, family.Fidelity(), 1.0)  # the assumed bias: the LR optimum moves up short
+    climb = family.search(m, "pattern@climb", workers=16, seed=1, waves=12, stop_at=target, screen=screen)
+    polish = family.search(
+        m, "pattern@climb+polish", workers=16, seed=1, waves=12, stop_at=target, screen=screen
+    )
+    assert climb.time_to(target) is None  # the rung's optimum is not the full budget's
+    assert polish.time_to(target) is not None and polish.wrong == 0 and climb.wrong == 0
+    assert polish.times == sorted(polish.times)  # the full-budget phase starts when the climb ended
