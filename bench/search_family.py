@@ -56,8 +56,14 @@ A wave of an `@screen` strategy proposes workers x (full / short cost) x `--scre
 full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
 promoted full runs still going are judged, against the incumbent of that moment, with the wave in
 which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
-was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) is kept
-unread for the measured short-run model.
+was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) was read
+once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model.
+
+`NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
+waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
+runs at once, and only the full-budget adoptions they confirm (today's rule on full runs only)
+count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
+on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
 Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
@@ -387,7 +393,9 @@ HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
 HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
 # `heldout8` was read by issue 34's second session while the short-run model was being measured
 # (it may be read, not trusted as unseen). `heldout9` (h64-h71 = member seeds 1064-1071, seeds
-# 900-919) judges screening with the measured `Fidelity`, read once, at the end.
+# 900-919) judges screening with the measured `Fidelity`, read once, at the end: read on
+# 2026-12-03 (seeds 900-909, `pattern,pattern@climb+polish --fidelity-from ... --levers`); a
+# later change needs a new set.
 HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
