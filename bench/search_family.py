@@ -56,8 +56,14 @@ A wave of an `@screen` strategy proposes workers x (full / short cost) x `--scre
 full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
 promoted full runs still going are judged, against the incumbent of that moment, with the wave in
 which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
-was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) is kept
-unread for the measured short-run model.
+was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) was read
+once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model.
+
+`NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
+waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
+runs at once, and only the full-budget adoptions they confirm (today's rule on full runs only)
+count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
+on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
 Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
@@ -387,7 +393,9 @@ HELDOUT7_MEMBERS = [f"h{i}" for i in range(48, 56)]
 HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
 # `heldout8` was read by issue 34's second session while the short-run model was being measured
 # (it may be read, not trusted as unseen). `heldout9` (h64-h71 = member seeds 1064-1071, seeds
-# 900-919) judges screening with the measured `Fidelity`, read once, at the end.
+# 900-919) judges screening with the measured `Fidelity`, read once, at the end: read on
+# 2026-12-03 (seeds 900-909, `pattern,pattern@climb+polish --fidelity-from ... --levers`); a
+# later change needs a new set.
 HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
@@ -434,11 +442,13 @@ class Sim:
     Workers are a heap of free times; a run starts at max(its submit time, the first free worker).
     """
 
-    def __init__(self, m: Member, *, workers: int, seed: int, settle: bool = True, z: float = 2.0) -> None:
+    def __init__(
+        self, m: Member, *, workers: int, seed: int, settle: bool = True, z: float = 2.0, t0: float = 0.0
+    ) -> None:
         self.m, self.workers, self.settle_on, self.z = m, workers, settle, z
         self.rng = np.random.default_rng(seed * 7919 + 17)
-        self.free = [0.0] * workers
-        self.now = 0.0  # the loop's clock: when the last judged wave's results were in
+        self.free = [t0] * workers
+        self.now = t0  # the loop's clock: when the last judged wave's results were in
         self.runs: list[Run] = []
         self.by_key: dict[tuple, list[Run]] = {}
         self.waves: dict[str, list[Run]] = {}
@@ -675,16 +685,7 @@ class ScreenSim(Sim):
         v = self.m.values(knobs)
         t = heapq.heappop(self.free)
         start = max(t, at)
-        crashed = self.m.crash(v)
-        f, o = self.fraction, self.fid.overhead
-        full = self.m.seconds(v)
-        if crashed is None:
-            sd = self.m.sd(v) * f**-self.fid.noise_exp
-            value = value_at(self.m, v, f, self.fid) + sd * float(self.rng.standard_normal())
-            took = full * (f + o) / (1 + o)
-        else:
-            value = None
-            took = full * min((f + o) / (1 + o), 0.05 if crashed == "oom" else 0.3)
+        value, took = short_outcome(self.m, v, self.fraction, self.fid, self.rng)
         run = Run(
             f"s{len(self.runs):05d}",
             self.key(knobs),
@@ -783,6 +784,128 @@ class ScreenSim(Sim):
         ]
 
 
+class ClimbSim(Sim):
+    """Screen short, confirm long (`NAME@climb`): the strategy's whole search runs on the short
+    rung (its waves, the verdict rule and the noise floor on short runs: the rung's incumbent
+    moves as `nightlab search` moves a full-budget one); each configuration the rung adopts gets
+    `repeats` full runs at once, started at its adoption, and when they have ended it is judged
+    against the full-budget incumbent with today's sound rule (`decide.best_of_wave` on full runs
+    only, the noise floor pooled over full runs, one settle round of full repeats when the verdict
+    is within noise). Only those full-budget adoptions count: the search is judged on them, at the
+    end of the wave in which their full runs ended (wave boundaries, not the runs' ends).
+
+    One rung judgment costs a short round, and a full confirmation overlaps the next short
+    rounds, so the path's steps cost a short run each and the full runs are paid once per
+    confirmation, not once per step."""
+
+    def __init__(self, m: Member, *, fraction: float, fid: Fidelity, repeats: int = 2, **kw) -> None:
+        super().__init__(m, **kw)
+        self.fraction, self.fid, self.repeats = fraction, fid, repeats
+        self.full_by_key: dict[tuple, list[Run]] = {}
+        self.full_head = dict(m.start)
+        self.full_adoptions: list[tuple[float, dict[str, str]]] = []
+        self.confirming: list[tuple[tuple, dict[str, str], bool]] = []  # (key, knobs, settled once)
+
+    def _run(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
+        """A run on the short rung (the loop's waves, the floor, the rung's settle repeats)."""
+        knobs = {d.name: knobs[d.name] for d in self.m.dims}
+        value, took = short_outcome(self.m, self.m.values(knobs), self.fraction, self.fid, self.rng)
+        t = heapq.heappop(self.free)
+        start = max(t, at)
+        run = Run(
+            f"s{len(self.runs):05d}",
+            self.key(knobs),
+            knobs,
+            value,
+            start,
+            start + took,
+            dict(params or knobs),
+        )
+        heapq.heappush(self.free, run.end)
+        self.runs.append(run)
+        self.by_key.setdefault(run.key, []).append(run)
+        return run
+
+    def _full(self, knobs: Mapping[str, str], at: float) -> Run:
+        """A full-budget run (a confirmation)."""
+        knobs = {d.name: knobs[d.name] for d in self.m.dims}
+        run = Sim._run(self, knobs, at)
+        self.by_key[run.key].remove(run)  # Sim._run filed it with the rung's runs
+        if not self.by_key[run.key]:
+            del self.by_key[run.key]
+        self.full_by_key.setdefault(run.key, []).append(run)
+        return run
+
+    def _full_values(self, key: tuple) -> list[float]:
+        return [r.value for r in self.full_by_key.get(key, []) if r.value is not None and r.end <= self.now]
+
+    def start_floor(self, n: int = FLOOR_REPEATS) -> None:
+        super().start_floor(n)  # the rung's noise floor
+        # the full-budget incumbent's reference, beside the first wave
+        self.floor += [self._full(self.head, self.now) for _ in range(self.repeats)]
+
+    def adopt(self, o: Observation) -> None:
+        super().adopt(o)  # the rung's incumbent
+        key = self.key(self.head)
+        if key != self.key(self.full_head) and key not in self.full_by_key:
+            for _ in range(self.repeats):
+                self._full(self.head, self.now)
+            self.confirming.append((key, dict(self.head), False))
+
+    def wait(self, wave_id: str) -> list[Observation]:
+        out = super().wait(wave_id)
+        self.confirm()
+        return out
+
+    def confirm(self) -> None:
+        """Judge every confirmation whose full runs have ended by now, oldest first."""
+        still = []
+        for key, knobs, settled in self.confirming:
+            if any(r.end > self.now for r in self.full_by_key.get(key, [])):
+                still.append((key, knobs, settled))
+                continue
+            head = self.key(self.full_head)
+            incumbent = self._full_values(head)
+            cand = self._full_values(key)
+            if key == head or not incumbent or not cand:
+                continue
+            sigma, dof = pooled_sd([self._full_values(k) for k in self.full_by_key])
+            picked = best_of_wave({"c": cand}, incumbent, noise_sigma=sigma, noise_dof=dof, z=self.z)
+            if picked is None:
+                continue
+            verdict = picked[1]
+            if verdict.verdict == "keep":
+                self.full_head = dict(knobs)
+                self.full_adoptions.append((self.now, dict(knobs)))
+            elif verdict.verdict == "within-noise" and not settled and verdict.repeats_to_settle is not None:
+                need = verdict.repeats_to_settle
+                if need.candidate + need.incumbent <= max(self.workers, 4):
+                    for _ in range(need.candidate):
+                        self._full(knobs, self.now)
+                    for _ in range(need.incumbent):
+                        self._full(self.full_head, self.now)
+                    still.append((key, knobs, True))
+        self.confirming = still
+
+    def finish(self) -> None:
+        """The search's last waves are over: wait for the confirmations still going and judge them."""
+        while self.confirming:
+            ends = [r.end for key, _, _ in self.confirming for r in self.full_by_key.get(key, [])]
+            self.now = max([self.now, *ends, *(r.end for rs in self.full_by_key.values() for r in rs)])
+            self.confirm()
+
+
+def short_outcome(m: Member, v: Mapping[str, object], f: float, fid: Fidelity, rng: np.random.Generator):
+    """A run of `v` at budget fraction `f`: its value (None when it crashed) and its time."""
+    full = m.seconds(v)
+    cost = (f + fid.overhead) / (1 + fid.overhead)
+    crashed = m.crash(v)
+    if crashed is not None:
+        return None, full * min(cost, 0.05 if crashed == "oom" else 0.3)
+    sd = m.sd(v) * f**-fid.noise_exp
+    return value_at(m, v, f, fid) + sd * float(rng.standard_normal()), full * cost
+
+
 # --- one search ---------------------------------------------------------------------------------
 
 
@@ -829,6 +952,8 @@ def search(
     options: Mapping[str, object] | None = None,
     floor: int = FLOOR_REPEATS,
     screen: tuple[float, int, Fidelity, float] | None = None,
+    t0: float = 0.0,
+    patience: int = 2,
 ) -> Trace:
     """Run one search of `strategy` on member `m` through `run_loop`; its path of true values.
 
@@ -836,11 +961,24 @@ def search(
     on a short rung with asynchronous successive halving (`ScreenSim`); `+full` after it tells the
     strategy a promoted configuration's full-run mean instead of its short value, `+pipe` ends a
     wave with its short round (the promoted full runs are judged with the wave in which they end):
-    `pattern@screen+full+pipe`."""
+    `pattern@screen+full+pipe`. `NAME@climb` runs NAME's whole search on the short rung and
+    confirms each rung adoption with full runs (`ClimbSim`); `NAME@climb+polish` stops the climb
+    once the rung adopted nothing for `patience` waves and its confirmations are judged, and goes
+    on with NAME at the full budget from the confirmed incumbent (the short rung's bias cannot
+    move a point the full runs judge). `t0`: the clock at which the workers are first free."""
     name, _, variant = strategy.partition("@")
     strat = make_strategy(name, m.dims, seed=seed, **dict(options or {}))
     settle = not strat.settles_in_next_wave(workers)  # as `nightlab search`: no settle round then
-    if variant.startswith("screen"):
+    polish = variant == "climb+polish"
+    full_waves = waves
+    if variant in ("climb", "climb+polish"):
+        if screen is None:
+            sys.exit(f"`{strategy}`: NAME@climb needs --screen-fraction")
+        fraction, _, fid, _ = screen
+        sim = ClimbSim(m, fraction=fraction, fid=fid, workers=workers, seed=seed, settle=settle, t0=t0)
+        # a wave is a round of short runs: the same number of waves covers less time
+        waves = math.ceil(waves * (1 + fid.overhead) / (fraction + fid.overhead))
+    elif variant.startswith("screen"):
         extras = set(variant.split("+")[1:])
         if screen is None or variant.split("+")[0] != "screen" or extras - {"full", "pipe"}:
             sys.exit(
@@ -861,16 +999,29 @@ def search(
             settle=True,
         )
     elif rolling:
-        sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle)
+        sim = RollingSim(m, fraction=rolling, workers=workers, seed=seed, settle=settle, t0=t0)
     else:
-        sim = Sim(m, workers=workers, seed=seed, settle=settle)
+        sim = Sim(m, workers=workers, seed=seed, settle=settle, t0=t0)
     truth0 = m.truth(m.values(m.start))
-    state = {"truth": truth0, "wrong": 0}
-    times, truths = [0.0], [truth0]
+    state = {"truth": truth0, "wrong": 0, "stall": 0}
+    times, truths = [t0], [truth0]
     log: list[WaveLog] = []
 
     class Reached(Exception):
         pass
+
+    class Stalled(Exception):
+        pass
+
+    def full_adoptions() -> None:
+        for at, knobs in sim.full_adoptions[len(times) - 1 :]:
+            new = m.truth(m.values(knobs))
+            state["wrong"] += new > state["truth"] + 1e-12
+            state["truth"] = new
+            times.append(at)
+            truths.append(new)
+            if stop_at is not None and new <= stop_at + 1e-12:
+                raise Reached
 
     def on_wave(summary) -> None:
         begun = sim.submitted[summary.wave_id]
@@ -878,7 +1029,12 @@ def search(
         logged.update(r.id for r in fresh)
         adopted = None if summary.adopted is None else sim.key(sim.head)
         log.append(WaveLog(begun, sim.now, [(r.key, r.start, r.end) for r in fresh], adopted))
-        if summary.adopted is not None:
+        if isinstance(sim, ClimbSim):  # only the full-budget adoptions count
+            full_adoptions()
+            state["stall"] = 0 if summary.adopted is not None else state["stall"] + 1
+            if polish and state["stall"] >= patience:
+                raise Stalled
+        elif summary.adopted is not None:
             new = m.truth(m.values(sim.head))
             state["wrong"] += new > state["truth"] + 1e-12
             state["truth"] = new
@@ -911,10 +1067,39 @@ def search(
             incumbent_values=sim.incumbent_values,
         )
         done = len(result.waves)
+    except Stalled:
+        done = len(sim.waves)
     except Reached:
         done = len(sim.waves)
+    reached = len(truths) > 1 and stop_at is not None and truths[-1] <= stop_at + 1e-12
+    if isinstance(sim, ClimbSim) and not reached:
+        try:  # the confirmations still going are waited for and judged
+            sim.finish()
+            full_adoptions()
+        except Reached:
+            reached = True
     cpu = time.process_time() - started
-    return Trace(times, truths, state["wrong"], len(sim.runs), cpu, done, m.sd(m.values(sim.head)), log)
+    runs, head = len(sim.runs), sim.head
+    if isinstance(sim, ClimbSim):
+        head = sim.full_head
+        if polish and not reached:  # on at the full budget from the confirmed incumbent
+            rest = search(
+                replace(m, start=dict(sim.full_head)),
+                name,
+                workers=workers,
+                seed=seed + 100_000,
+                waves=full_waves,
+                stop_at=stop_at,
+                options=options,
+                floor=floor,
+                t0=sim.now,
+            )
+            times += rest.times[1:]
+            truths += rest.truths[1:]
+            state["wrong"] += rest.wrong
+            runs, cpu, done, log = runs + rest.runs, cpu + rest.cpu, done + rest.waves, log + rest.log
+            return Trace(times, truths, state["wrong"], runs, cpu, done, rest.final_sd, log)
+    return Trace(times, truths, state["wrong"], runs, cpu, done, m.sd(m.values(head)), log)
 
 
 # --- where a search's time goes (`--levers`) ------------------------------------------------------

@@ -226,3 +226,54 @@ def test_a_screened_search_is_judged_on_full_runs_only_and_keeps_nothing_worse()
         assert s.wrong == 0 and s.truths[-1] <= s.truths[0]
     with pytest.raises(SystemExit):
         family.search(m, "pattern@screen+fast", workers=16, seed=0, waves=1, screen=screen)
+
+
+def test_a_climb_moves_on_short_runs_and_adopts_only_what_its_full_runs_confirm() -> None:
+    m = family.member("d5")  # no crash region
+    perfect = family.Fidelity(lr_shift=0.0, size_penalty=0.0, noise_exp=0.0)
+    sim = family.ClimbSim(m, fraction=1 / 3, fid=perfect, workers=4, seed=0)
+    sim.start_floor(2)
+    reference = [r for rs in sim.full_by_key.values() for r in rs]
+    assert len(reference) == 2 and all(r.key == sim.key(m.start) for r in reference)
+    wave = sim.submit(_lr_points(m, 5), 0)
+    shorts = sim.waves[wave]
+    # a wave's runs are short: a third of the budget plus the fixed part of a run
+    for r in shorts:
+        assert r.end - r.start == pytest.approx(m.seconds(m.values(r.knobs)) * (1 / 3 + 0.2) / 1.2)
+    sim.wait(wave)
+    best = min(shorts, key=lambda r: r.value)
+    sim.adopt(family.Observation(best.id, dict(best.params), best.value))
+    # the rung moved at once; the full-budget incumbent waits for the candidate's two full runs
+    assert sim.key(sim.head) == best.key and sim.full_head == m.start
+    runs = sim.full_by_key[best.key]
+    assert len(runs) == 2 and min(r.start for r in runs) >= sim.now
+    sim.confirm()
+    assert sim.full_adoptions == [] and sim.confirming  # not ended yet: nothing judged
+    sim.finish()
+    assert sim.now >= max(r.end for r in runs) and not sim.confirming
+    for _, knobs in sim.full_adoptions:  # whatever it kept is better on the full-budget truth
+        assert m.truth(m.values(knobs)) < m.truth(m.values(m.start))
+
+
+def test_a_climbing_search_is_judged_on_its_full_budget_adoptions_only() -> None:
+    m = family.member("d5")
+    greedy = family.search(m, "greedy", workers=1, seed=0, waves=30)
+    screen = (1 / 3, 3, family.Fidelity(lr_shift=0.0, size_penalty=0.0, noise_exp=0.0), 1.0)
+    s = family.search(
+        m, "pattern@climb", workers=16, seed=0, waves=4, stop_at=greedy.truths[-1], screen=screen
+    )
+    assert s.wrong == 0 and len(s.times) >= 2 and s.truths[-1] < s.truths[0]
+
+
+def test_a_polished_climb_goes_on_at_the_full_budget_from_what_its_full_runs_confirmed() -> None:
+    m = family.member("d1")  # an LR-led member: the assumed short-run bias misleads the rung there
+    greedy = family.search(m, "greedy", workers=1, seed=1, waves=60)
+    target = greedy.truths[-1] + 0.5 * greedy.final_sd
+    screen = (1 / 3, 3, family.Fidelity(), 1.0)  # the assumed bias: the LR optimum moves up short
+    climb = family.search(m, "pattern@climb", workers=16, seed=1, waves=12, stop_at=target, screen=screen)
+    polish = family.search(
+        m, "pattern@climb+polish", workers=16, seed=1, waves=12, stop_at=target, screen=screen
+    )
+    assert climb.time_to(target) is None  # the rung's optimum is not the full budget's
+    assert polish.time_to(target) is not None and polish.wrong == 0 and climb.wrong == 0
+    assert polish.times == sorted(polish.times)  # the full-budget phase starts when the climb ended
