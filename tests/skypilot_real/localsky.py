@@ -260,6 +260,7 @@ tier = "slurm"
 workers = 2
 infra = "slurm/{SLURM_CLUSTER}"
 """
+POOL_WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]  # its workers, as nightlab names them
 
 
 def add_pool(lab: Path, base: Path, *, extra: str = "") -> None:
