@@ -254,7 +254,7 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
 
 
 @pytest.mark.timeout(600)  # minutes on a loaded 2-core box (the suite's default is 300 s)
-def test_fleet_down_leaves_nothing(lab, env, local_sky):
+def test_fleet_down_leaves_nothing(lab, env, local_sky, slurm_lab):
     from nightlab.fleet.skypilot import cluster_name
 
     down = cli(lab, env, "fleet", "down", timeout=600)
@@ -267,3 +267,4 @@ def test_fleet_down_leaves_nothing(lab, env, local_sky):
     assert not json.loads(cli(lab, env, "fleet", "status", "--json").stdout)["controller"]["running"]
     # no process of the SSH user from this run (another run, e.g. bench/fleet_real.py, may share the user)
     wait_until(lambda: local_sky.user_processes() == [], timeout=60, interval=1)
+    slurm_lab.down_done = True  # the session's teardown has nothing left to stop or take down here
