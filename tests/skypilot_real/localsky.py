@@ -149,14 +149,21 @@ def _alive(pid: int) -> bool:
 
 def stop_pid(pid: int, *, group: bool = False, grace: float = 10.0) -> None:
     """SIGTERM a process (or its process group), then SIGKILL it after `grace` seconds."""
-    send = os.killpg if group else os.kill
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        send(pid, signal.SIGTERM)
+    stop_pids([(pid, group)], grace=grace)
+
+
+def stop_pids(targets: list[tuple[int, bool]], *, grace: float = 10.0) -> None:
+    """`stop_pid` for several (pid, group) at once: all get SIGTERM, then one shared `grace` for
+    all of them (one after the other, a teardown waited up to `grace` per process)."""
+    for pid, group in targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            (os.killpg if group else os.kill)(pid, signal.SIGTERM)
     deadline = time.time() + grace
-    while time.time() < deadline and _alive(pid):
+    while time.time() < deadline and any(_alive(pid) for pid, _ in targets):
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        send(pid, signal.SIGKILL)
+    for pid, group in targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
 
 
 def missing() -> str | None:
@@ -260,6 +267,7 @@ tier = "slurm"
 workers = 2
 infra = "slurm/{SLURM_CLUSTER}"
 """
+POOL_WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]  # its workers, as nightlab names them
 
 
 def add_pool(lab: Path, base: Path, *, extra: str = "") -> None:
@@ -336,6 +344,7 @@ def _kill_run_processes(run: Path) -> None:
     """Stop every process whose environment points at this run's slurm.conf (jobs, steps, shells),
     and the SSH user's sshd sessions whose listener is gone (orphans: no live run owns them)."""
     marker = f"SLURM_CONF={run}/".encode()
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -347,7 +356,8 @@ def _kill_run_processes(run: Path) -> None:
             continue
         orphan = ppid == 1 and cmdline.startswith(f"sshd: {SSH_USER}")
         if marker in environ or orphan:
-            stop_pid(int(proc.name), grace=2)
+            found.append((int(proc.name), False))
+    stop_pids(found, grace=2)
 
 
 class LocalSky:
@@ -705,17 +715,14 @@ slurm:
             if name in self.pids
             for pid in _descendants(self.pids[name])
         ]
-        for name in reversed(list(self.pids)):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
-                stop_pid(proc.pid, group=name == "api-server")
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(5)
-            if proc is not None and self.watchdog is not None:
+        live = {name: proc for name, proc in self.procs.items() if proc.poll() is None}
+        stop_pids([(proc.pid, name == "api-server") for name, proc in live.items()])
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            if self.watchdog is not None:
                 self.watchdog.release(proc.pid)
-        for pid in children:
-            if _alive(pid):
-                stop_pid(pid, grace=2)
+        stop_pids([(pid, False) for pid in children if _alive(pid)], grace=2)
         _kill_run_processes(self.root)
         self._remove_user_files()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -3,8 +3,13 @@
 A lab whose pool is `backend = "skypilot"`, `infra = "slurm/localslurm"`, 2 workers, on the
 synthetic target; the nightlab CLI runs in subprocesses pointed at the fixture's API server
 (conftest.py, localsky.py). The clusters install nightlab the default way: the wheel the
-controller builds of itself, shipped with the cluster task. The tests share one lab and run
-in file order: up, the wave (with a preemption and a SIGKILLed controller), down.
+controller builds of itself, shipped with the cluster task. The tests share one lab (built in
+conftest.py, whose `fleet up` starts with the session) and run in file order: up, the
+conformance suite, the wave (with a preemption and a SIGKILLed controller), down. The
+conformance suite comes before the wave: the wave's preemption leaves one cluster lost, and
+after it the suite's exec lane waited for that cluster's whole relaunch and set-up (~4 of its
+~5 minutes, 2026-12-03); before it, both clusters `fleet up` set up are there to use, and it
+runs (in a subprocess conftest.py starts once `fleet up` succeeded) while the GPU file runs.
 Run: `pytest -q tests/skypilot_real` (as root; installs what is missing; minutes).
 """
 
@@ -19,12 +24,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from localsky import add_pool
+from localsky import POOL_WORKERS
 
-from labkit import GIT_ENV, SYNTHETIC_TRAIN, commit, nightlab, wait_until
+from labkit import nightlab, wait_until
 
-TIMEOUT = 45  # the lab's hard limit (s); counts from the job's start, so `sky exec` latency is not in it
-WORKERS = ["slurm-slurm-0", "slurm-slurm-1"]
+WORKERS = POOL_WORKERS
 
 # the wave: name -> knobs; each also runs on the local CPU slot, and both must agree
 WAVE = {
@@ -41,31 +45,14 @@ WAVE = {
 
 
 @pytest.fixture(scope="module")
-def env(local_sky) -> dict[str, str]:
-    return {**local_sky.environ(), **GIT_ENV}
+def env(slurm_lab) -> dict[str, str]:
+    return slurm_lab.env
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, env, local_sky):
-    root = tmp_path_factory.mktemp("slurm")
-    target = root / "target"
-    target.mkdir()
-    (target / "train.py").write_text(SYNTHETIC_TRAIN)
-    (target / "prepare.py").write_text("# fixed data preparation (unused by the synthetic target)\n")
-    lab = root / "lab"
-    nightlab(
-        "init", str(lab), "--target", str(target), "--cpu-slots", "1", "--timeout", str(TIMEOUT), cwd=root
-    )
-    toml = lab / "nightlab.toml"
-    text = toml.read_text().replace("idle_shutdown = 900", "idle_shutdown = 600")
-    toml.write_text(text)
-    # 2 workers on the local Slurm cluster; the default worker YAML plus the fixture's one staging
-    # line (nightlab's dependencies)
-    add_pool(lab, local_sky.base)
-    commit(lab, "a slurm pool")
-    yield lab
-    nightlab("fleet", "stop", cwd=lab, check=False, env=env)
-    nightlab("fleet", "down", cwd=lab, check=False, env=env, timeout=600)
+def lab(slurm_lab) -> Path:
+    """The session's 2-worker lab (conftest.py), its `fleet up` under way since the session began."""
+    return slurm_lab.path
 
 
 def cli(lab: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -86,10 +73,10 @@ def ledger_view(lab: Path):
 
 
 @pytest.mark.timeout(900)  # minutes on a loaded 2-core box (the suite's default is 300 s)
-def test_fleet_up_launches_and_sets_up_both_clusters(lab, env):
+def test_fleet_up_launches_and_sets_up_both_clusters(lab, env, slurm_lab):
     from nightlab.fleet.build import code_hash
 
-    up = cli(lab, env, "fleet", "up", "--json", timeout=1200)
+    up = slurm_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
     rows = json.loads(up.stdout)
     assert [(r["worker"], r["state"]) for r in rows] == [(w, "up") for w in WORKERS], up.stderr
     status = json.loads(cli(lab, env, "fleet", "status", "--json").stdout)
@@ -105,6 +92,26 @@ def test_fleet_up_launches_and_sets_up_both_clusters(lab, env):
     # set-up ran once per cluster
     assert sorted(e.worker for e in events if e.kind == "cluster-up") == WORKERS
     assert sorted(e.worker for e in events if e.kind == "cluster-launch") == WORKERS
+
+
+# ---------------------------------------------------------------------------- conformance
+
+
+@pytest.mark.timeout(1200)  # minutes on a loaded 2-core box (the suite's default is 300 s)
+def test_the_conformance_suite_on_the_real_sdk(slurm_lab):
+    # the scenarios tests/fleet runs on nightlab.testing.fake_sky, here on the real SkyPilot, on the
+    # clusters `fleet up` set up, in both ways a Slurm pool runs experiments: its resident runner
+    # (WORKERS[0]) and one `sky exec` per run (WORKERS[1], whose runner the exec lane's first backend
+    # retires; the wave after it starts a new one there). `python -m nightlab.testing.skypilot_conformance
+    # <lab> --runner W0 --exec W1`, started by conftest.py as soon as `fleet up` succeeded, while
+    # the GPU file ran
+    from nightlab.testing.skypilot_conformance import EXPECTED
+
+    proc = slurm_lab.after("conformance").result(timeout=1200)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(got) == ["exec", "runner"]
+    differing = {(mode, k): v for mode in got for k, v in got[mode].items() if v != EXPECTED[k]}
+    assert not differing
 
 
 # ---------------------------------------------------------------------------- the wave
@@ -243,37 +250,11 @@ def test_a_wave_with_a_preemption_and_a_killed_controller(lab, env, local_sky):
     assert claimed and len(claimed) == len(set(claimed)), sorted(claimed)
 
 
-# ---------------------------------------------------------------------------- conformance
-
-
-@pytest.mark.timeout(1200)  # minutes on a loaded 2-core box (the suite's default is 300 s)
-def test_the_conformance_suite_on_the_real_sdk(lab, env):
-    # the scenarios tests/fleet runs on nightlab.testing.fake_sky, here on the real SkyPilot
-    from nightlab.testing.skypilot_conformance import EXPECTED
-
-    # both ways a Slurm pool runs experiments: its resident runner, and one `sky exec` per run
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "nightlab.testing.skypilot_conformance", str(lab)),
-            *("--runner", WORKERS[0], "--exec", WORKERS[1]),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(got) == ["exec", "runner"]
-    differing = {(mode, k): v for mode in got for k, v in got[mode].items() if v != EXPECTED[k]}
-    assert not differing
-
-
 # ---------------------------------------------------------------------------- fleet down
 
 
 @pytest.mark.timeout(600)  # minutes on a loaded 2-core box (the suite's default is 300 s)
-def test_fleet_down_leaves_nothing(lab, env, local_sky):
+def test_fleet_down_leaves_nothing(lab, env, local_sky, slurm_lab):
     from nightlab.fleet.skypilot import cluster_name
 
     down = cli(lab, env, "fleet", "down", timeout=600)
@@ -286,3 +267,4 @@ def test_fleet_down_leaves_nothing(lab, env, local_sky):
     assert not json.loads(cli(lab, env, "fleet", "status", "--json").stdout)["controller"]["running"]
     # no process of the SSH user from this run (another run, e.g. bench/fleet_real.py, may share the user)
     wait_until(lambda: local_sky.user_processes() == [], timeout=60, interval=1)
+    slurm_lab.down_done = True  # the session's teardown has nothing left to stop or take down here

@@ -4,7 +4,8 @@ The fixture's node declares `Gres=gpu:h100:4` (gres.conf names 4 empty files as 
 localsky.py), enough for Slurm and SkyPilot to schedule and count GPUs. A pool of one
 `H100:4` cluster runs 8 experiments: 4 at a time, each with its own GPU index, through one
 resident runner per GPU (each a SkyPilot job asking for one GPU). Reuses the session's
-`local_sky` (conftest.py); its own lab and cluster, torn down at the end.
+`local_sky` (conftest.py); its own lab and cluster (conftest.py's `gpu_lab`, launched at the
+session's start beside the other file's), torn down at the end. This file runs first.
 Run: `pytest -q tests/skypilot_real/test_gpu_slots_on_slurm.py` (as root; minutes).
 """
 
@@ -16,44 +17,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from localsky import SLURM_CLUSTER, worker_yaml
 
-from labkit import GIT_ENV, SYNTHETIC_TRAIN, commit, nightlab, wait_until
+from labkit import nightlab, wait_until
 
-NODE = f"""
-[[fleet.pool]]
-backend = "skypilot"
-tier = "h100"
-accelerators = "H100:4"
-workers = 1
-infra = "slurm/{SLURM_CLUSTER}"
-"""
-SHOW = "echo lane gpu=$CUDA_VISIBLE_DEVICES index=$NIGHTLAB_GPU threads=$OMP_NUM_THREADS; python train.py"
-SLEEP = 8  # seconds per run: long enough that four overlap on a loaded 2-core box
+SLEEP = 15  # seconds per run: long enough that four overlap on a loaded 2-core box (the conformance suite runs beside it)
 
 
 @pytest.fixture(scope="module")
-def env(local_sky) -> dict[str, str]:
-    return {**local_sky.environ(), **GIT_ENV}
+def env(gpu_lab) -> dict[str, str]:
+    return gpu_lab.env
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, env, local_sky):
-    root = tmp_path_factory.mktemp("gpus")
-    target = root / "target"
-    target.mkdir()
-    (target / "train.py").write_text(SYNTHETIC_TRAIN)
-    lab = root / "lab"
-    nightlab("init", str(lab), "--target", str(target), "--cpu-slots", "1", "--timeout", "120", cwd=root)
-    toml = lab / "nightlab.toml"
-    text = toml.read_text().replace('command = "python train.py"', f'command = "{SHOW}"', 1)
-    toml.write_text(text.replace("[search]", NODE + "\n[search]"))
-    (lab / "fleet").mkdir(exist_ok=True)
-    (lab / "fleet" / "skypilot.yaml").write_text(worker_yaml(local_sky.base))
-    commit(lab, "one 4-GPU node")
-    yield lab
-    nightlab("fleet", "stop", cwd=lab, check=False, env=env)
-    nightlab("fleet", "down", cwd=lab, check=False, env=env, timeout=600)
+def lab(gpu_lab):
+    """The session's 4-GPU lab (conftest.py), its `fleet up` under way; torn down at this file's end,
+    before the other file's `fleet down` test looks for anything left of the run."""
+    yield gpu_lab.path
+    gpu_lab.down()
 
 
 def _cli(lab: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -61,10 +41,10 @@ def _cli(lab: Path, env: dict[str, str], *args: str, timeout: float = 120) -> su
 
 
 @pytest.mark.timeout(1800)  # minutes on a loaded 2-core box: a launch with set-up, then 8 runs
-def test_a_4_gpu_node_runs_8_experiments_4_at_a_time_each_on_its_own_gpu(lab, env):
+def test_a_4_gpu_node_runs_8_experiments_4_at_a_time_each_on_its_own_gpu(lab, env, gpu_lab):
     from nightlab.ledger import open_ledger
 
-    up = _cli(lab, env, "fleet", "up", "--json", timeout=1200)
+    up = gpu_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
     (row,) = json.loads(up.stdout)
     assert (row["state"], row["slots"]) == ("up", 4), up.stderr
     assert row["runner"] == "4 of 4 lanes ready", row
