@@ -465,8 +465,6 @@ class Sim:
     def _run(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
         knobs = {d.name: knobs[d.name] for d in self.m.dims}
         v = self.m.values(knobs)
-        t = heapq.heappop(self.free)
-        start = max(t, at)
         crashed = self.m.crash(v)
         if crashed is None:
             value = self.m.truth(v) + self.m.sd(v) * float(self.rng.standard_normal())
@@ -474,8 +472,23 @@ class Sim:
         else:
             value = None
             took = self.m.seconds(v) * (0.05 if crashed == "oom" else 0.3)
+        run = self._place("e", knobs, value, took, at, params)
+        self.by_key.setdefault(run.key, []).append(run)
+        return run
+
+    def _place(
+        self,
+        prefix: str,
+        knobs: dict[str, str],
+        value: float | None,
+        took: float,
+        at: float,
+        params: Mapping[str, str] | None,
+    ) -> Run:
+        """A run of `knobs` on the first worker free at or after `at`, lasting `took` s."""
+        start = max(heapq.heappop(self.free), at)
         run = Run(
-            f"e{len(self.runs):05d}",
+            f"{prefix}{len(self.runs):05d}",
             self.key(knobs),
             knobs,
             value,
@@ -485,7 +498,6 @@ class Sim:
         )
         heapq.heappush(self.free, run.end)
         self.runs.append(run)
-        self.by_key.setdefault(run.key, []).append(run)
         return run
 
     def values(self, key: tuple) -> list[float]:
@@ -682,21 +694,8 @@ class ScreenSim(Sim):
 
     def _short(self, knobs: Mapping[str, str], at: float, params: Mapping[str, str] | None = None) -> Run:
         knobs = {d.name: knobs[d.name] for d in self.m.dims}
-        v = self.m.values(knobs)
-        t = heapq.heappop(self.free)
-        start = max(t, at)
-        value, took = short_outcome(self.m, v, self.fraction, self.fid, self.rng)
-        run = Run(
-            f"s{len(self.runs):05d}",
-            self.key(knobs),
-            knobs,
-            value,
-            start,
-            start + took,
-            dict(params or knobs),
-        )
-        heapq.heappush(self.free, run.end)
-        self.runs.append(run)
+        value, took = short_outcome(self.m, self.m.values(knobs), self.fraction, self.fid, self.rng)
+        run = self._place("s", knobs, value, took, at, params)
         self.short.setdefault(run.key, []).append(run)
         return run
 
@@ -810,19 +809,7 @@ class ClimbSim(Sim):
         """A run on the short rung (the loop's waves, the floor, the rung's settle repeats)."""
         knobs = {d.name: knobs[d.name] for d in self.m.dims}
         value, took = short_outcome(self.m, self.m.values(knobs), self.fraction, self.fid, self.rng)
-        t = heapq.heappop(self.free)
-        start = max(t, at)
-        run = Run(
-            f"s{len(self.runs):05d}",
-            self.key(knobs),
-            knobs,
-            value,
-            start,
-            start + took,
-            dict(params or knobs),
-        )
-        heapq.heappush(self.free, run.end)
-        self.runs.append(run)
+        run = self._place("s", knobs, value, took, at, params)
         self.by_key.setdefault(run.key, []).append(run)
         return run
 
