@@ -19,9 +19,13 @@ def _add_pool(lab, pool: str, *, oversubscribe: bool) -> None:
     commit(lab, "pool change")
 
 
-def test_new_pool_is_taken_up_while_work_runs_and_a_refused_one_is_named(make_lab):
+def test_new_pool_is_taken_up_while_work_runs_and_a_refused_one_is_named(make_lab, tmp_path):
     lab = make_lab(slots=1)
-    [long] = json.loads(nightlab("submit", "-m", "long", "--set", "SLEEP=6", "--json", cwd=lab).stdout)
+    # the long run waits for `gate`, opened once the new pool's run has ended: it is still running
+    # then however long the reload takes (a 6 s sleep ended first at load 20)
+    gate = tmp_path / "gate"
+    long_knobs = ("--set", "SLEEP=0.5", "--set", f"GATE={str(gate)!r}")
+    [long] = json.loads(nightlab("submit", "-m", "long", *long_knobs, "--json", cwd=lab).stdout)
     wait_until(lambda: json.loads(nightlab("status", "--json", cwd=lab).stdout)["running"], timeout=30)
     # a tier nightlab.toml does not have is refused with the fix
     refused = nightlab("submit", "-m", "x", "--tier", "cpu2", cwd=lab, check=False)
@@ -32,6 +36,7 @@ def test_new_pool_is_taken_up_while_work_runs_and_a_refused_one_is_named(make_la
     assert done["outcome"] == "ok"
     shown = json.loads(nightlab("show", quick["id"], "--json", "--no-diff", cwd=lab).stdout)
     assert shown["attempts"][0]["worker"] == "cpu2-0"
+    gate.touch()
     wait_json(lab, long["id"], timeout=60)
     ended = json.loads(nightlab("show", long["id"], "--json", "--no-diff", cwd=lab).stdout)
     assert ended["outcome"] == "ok" and len(ended["attempts"]) == 1  # never killed nor requeued

@@ -361,8 +361,8 @@ def test_each_slot_s_run_is_sampled_on_its_node_and_a_starved_one_is_degraded_an
     # one re-run, degraded again (a calm lane may be re-run too on a machine this loaded: 0.7 holds here)
     assert len(rerun) == 1 and again[rerun[0]].outcome == "degraded"
     # the lanes beside it were sampled too, each its own run only (a sleep: little CPU)
-    for i in calm:
-        assert exps[i].health is not None and exps[i].health["cpu_seconds"] < 1.0, exps[i].health
+    for i in calm:  # (at load 20 a 1 s run may end before the sampler's first look: no CPU figure)
+        assert exps[i].health is not None and exps[i].health.get("cpu_seconds", 0.0) < 1.0, exps[i].health
 
 
 def _two_lane_jobs(fake: FakeSky, *, infra: str, cpus: str | None) -> list[str]:
