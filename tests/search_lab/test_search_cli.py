@@ -142,7 +142,11 @@ def interrupt_once_submitted(lab, strategy: str, gate: Path):
     proc, said = search_until_waiting(lab, strategy)
     proc.send_signal(signal.SIGINT)
     # the search acts on the Ctrl-C between ledger calls: on a loaded 2-core box that took over 30 s
-    assert proc.wait(timeout=120) == 130, "".join(said)
+    try:
+        assert proc.wait(timeout=120) == 130, "".join(said)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a search that missed its Ctrl-C must not outlive the test (one ran 2 h so)
+        raise
     said.append(proc.stderr.read())
     with open_ledger(lab) as ledger:
         [wave] = [w for w in ledger.waves() if ledger.search_progress(w.id) and ledger.experiments(wave=w.id)]
