@@ -20,6 +20,7 @@ from labkit import SYNTHETIC_TRAIN, commit, nightlab
 from needs import pytest_collection_modifyitems as _needs_collection
 from needs import pytest_configure as _needs_configure
 from needs import pytest_runtest_setup  # noqa: F401
+from scheduling import pytest_collection_modifyitems as _slow_first
 from scheduling import pytest_xdist_make_scheduler  # noqa: F401
 from services import pytest_configure as _services_configure
 from services import watchdog  # noqa: F401
@@ -30,38 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _services_configure(config)
 
 
-# The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03).
-# `make test TEST_WORKERS=2` runs two pytest-xdist workers that take whole files in collection order
-# (`--dist loadfile --no-loadscope-reorder`): started first, the long files run beside the many short
-# ones instead of leaving one worker alone at the end. A scheduling hint only: a file missing here
-# runs all the same.
-SLOW_FIRST = (
-    "tests/skypilot_real/",
-    "tests/search_lab/test_search_cli.py",
-    "tests/fleet/test_skypilot_fleet.py",
-    "tests/agent_real/test_real_failures.py",
-    "tests/fleet/test_fleet.py",
-    "tests/harness/test_train.py",
-    "tests/demo/",
-    "tests/fleet/test_attempt_processes.py",
-    "tests/fleet/test_skypilot_runner.py",
-    "tests/harness/test_tune.py",
-    "tests/agent/test_supervisor.py",
-    "tests/reliability/test_controller_kills.py",
-    "tests/fleet/test_health_fleet.py",
-)
-
-
-def slow_first(nodeid: str) -> int:
-    """The rank of a test's file in `SLOW_FIRST` (the rest after it, in collection order)."""
-    path = nodeid.split("::", 1)[0]
-    return next((i for i, prefix in enumerate(SLOW_FIRST) if path.startswith(prefix)), len(SLOW_FIRST))
-
-
 @pytest.hookimpl(trylast=True)  # after `-k` / `-m` deselected what will not run anyway
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
-    if getattr(config.option, "numprocesses", None):  # one process keeps the collection order it always had
-        items.sort(key=lambda item: slow_first(item.nodeid))  # stable: each file keeps its order
+    _slow_first(config, items)
     _needs_collection(session, config, items)
 
 

@@ -27,3 +27,43 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return folder or super()._split_scope(nodeid)
 
     return FilesAndFolders(config, log)
+
+
+# The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03).
+# `make test TEST_WORKERS=2` runs two pytest-xdist workers that take whole files in collection order
+# (`--dist loadfile --no-loadscope-reorder`): started first, the long files run beside the many short
+# ones instead of leaving one worker alone at the end. A scheduling hint only: a file missing here
+# runs all the same.
+SLOW_FIRST = (
+    "tests/skypilot_real/",
+    "tests/search_lab/test_search_cli.py",
+    "tests/fleet/test_skypilot_fleet.py",
+    "tests/agent_real/test_real_failures.py",
+    "tests/fleet/test_fleet.py",
+    "tests/harness/test_train.py",
+    "tests/demo/",
+    "tests/fleet/test_attempt_processes.py",
+    "tests/fleet/test_skypilot_runner.py",
+    "tests/harness/test_tune.py",
+    "tests/agent/test_supervisor.py",
+    "tests/reliability/test_controller_kills.py",
+    "tests/fleet/test_health_fleet.py",
+)
+
+
+def slow_first(nodeid: str) -> int:
+    """The rank of a test's file in `SLOW_FIRST` (the rest after it, in collection order)."""
+    path = nodeid.split("::", 1)[0]
+    return next((i for i, prefix in enumerate(SLOW_FIRST) if path.startswith(prefix)), len(SLOW_FIRST))
+
+
+@pytest.hookimpl(trylast=True)  # after `-k` / `-m` deselected what will not run anyway
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, put the `SLOW_FIRST` files first; a serial run keeps its usual order.
+
+    The order must be set where the workers collect: the controller does not collect, it hands out
+    the workers' (identical) collection. xdist gives each worker `numprocesses = None`, so a check
+    on that option never sorted anything and tests/skypilot_real ran last, alone (2026-12-03).
+    """
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: slow_first(item.nodeid))  # stable: each file keeps its order

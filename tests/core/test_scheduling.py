@@ -1,7 +1,8 @@
-"""`make test TEST_WORKERS=2` keeps tests/skypilot_real on one worker (tests/scheduling.py, issue 31).
+"""`make test TEST_WORKERS=2` keeps tests/skypilot_real on one worker, and starts it first (tests/scheduling.py, issue 31).
 
 With plain `--dist loadfile` its two files went to the two workers at once, each bringing up its
-own Slurm cluster and SkyPilot API server on the 2-core machine.
+own Slurm cluster and SkyPilot API server on the 2-core machine; and it ran last, alone, because
+the slowest-first order was only set where xdist does not collect.
 """
 
 from __future__ import annotations
@@ -19,22 +20,25 @@ from pathlib import Path
 
 
 def test_{name}():
-    Path(os.environ["RECORD_DIR"], "{name}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    Path(os.environ["RECORD_DIR"], "{name}").write_text(worker)
+    with Path(os.environ["RECORD_DIR"], "order-" + worker).open("a") as order:
+        order.write("{name}\\n")
 """
 
 
-def test_the_real_services_folder_runs_on_one_worker_and_other_files_spread(tmp_path):
+def test_the_real_services_folder_runs_first_on_one_worker_and_other_files_spread(tmp_path):
     inner, record = tmp_path / "tree", tmp_path / "record"
     record.mkdir()
     names = {"tests/skypilot_real/test_a.py": "a", "tests/skypilot_real/test_b.py": "b"}
-    names.update({f"tests/unit/test_{i}.py": str(i) for i in range(6)})
+    names.update({f"tests/aaa/test_{i}.py": str(i) for i in range(6)})  # collected before it
     for path, name in names.items():
         (inner / path).parent.mkdir(parents=True, exist_ok=True)
         (inner / path).write_text(RECORD.format(name=f"t{name}"))
     env = {**os.environ, "RECORD_DIR": str(record), "PYTHONPATH": str(TESTS)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "scheduling", "-p", "no:cacheprovider", "-n", "2"]
     proc = subprocess.run(
-        [*argv, "--dist", "loadfile", "--rootdir", str(inner), "tests"],
+        [*argv, "--dist", "loadfile", "--no-loadscope-reorder", "--rootdir", str(inner), "tests"],
         cwd=inner,
         env=env,
         capture_output=True,
@@ -42,7 +46,8 @@ def test_the_real_services_folder_runs_on_one_worker_and_other_files_spread(tmp_
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    worker = {p.name: p.read_text() for p in record.iterdir()}
+    worker = {p.name: p.read_text() for p in record.iterdir() if p.name.startswith("t")}
     assert len(worker) == 8
+    assert (record / f"order-{worker['ta']}").read_text().split()[:2] == ["ta", "tb"]  # started first
     assert worker["ta"] == worker["tb"]  # one unit of work: one worker, one session fixture
     assert len(set(worker.values())) == 2  # the rest still spreads over both
