@@ -209,14 +209,7 @@ class Lab:
                 target's command runs (`TargetConfig.entry_files`).
             DuplicateExperimentError: the measurement exists (names it and the way out).
         """
-        if not description.strip():
-            raise UsageError(
-                'describe the experiment with `-m "..."`: the description is what the journal shows'
-            )
-        if repeats < 1:
-            raise UsageError(f"`--repeats` must be at least 1, got `{repeats}`")
-        if seed is not None and repeats > 1:
-            raise UsageError("use either `--seed` or `--repeats`: repeats choose their own distinct seeds")
+        _check_submit_args(description, seed=seed, repeats=repeats)
         tier = self.check_tier(tier or self.config.fleet.default_tier)
         self.check_running_tier(tier)
         if start_controller:
@@ -225,49 +218,16 @@ class Lab:
 
             if running_pid(self.path) is None:
                 check_capacity(self.config)  # refused before anything is queued
-        files = dict(overrides or {})
-        # the snapshot takes an editable file from the overrides, else from the working tree
-        # (`snapshots.create_snapshot`): without the one the command runs, the run can only crash
-        for name in self.config.target.entry_files:
-            if name not in files and not (self.path / name).is_file():
-                raise UsageError(
-                    f"`{name}` is missing from the working tree and the target's command "
-                    f"`{self.config.target.command}` runs it; restore it with `git checkout -- {name}`"
-                )
-        if sets:
-            # the working tree's editable files, under the overrides, take the knob values
-            current = {
-                name: files[name] if name in files else (self.path / name).read_bytes()
-                for name in self.config.target.editable
-                if name in files or (self.path / name).is_file()
-            }
-            applied = apply_sets(current, sets)
-            files.update({name: content for name, content in applied.items() if content != current[name]})
+        files = self._snapshot_files(overrides, sets)
         self._check_prepared(tier)
         commit, _, parent = snapshots.create_snapshot(
             self.path, self.config.target.editable, overrides=files, message=description, base=base
         )
         # keyed on the files it runs under the configuration in force, not on the whole tree
         ident, epoch = identity.of(self.path, commit, config=self.config), identity.epoch_key(self.config)
-        if seed is not None:
-            seeds = [seed]
-        elif repeats == 1 and not fresh_seeds:
-            seeds = [0]
-        else:
-            used = self.ledger.seeds_used(ident, tier)
-            seeds = [s for s in range(len(used) + repeats) if s not in used][:repeats]
+        seeds = self._seeds(ident, tier, seed=seed, repeats=repeats, fresh_seeds=fresh_seeds)
         if not force:
-            for s in seeds:
-                prior = self.ledger.find_measured(ident, tier, s)
-                if prior is not None:
-                    done = prior.status.is_finished()
-                    where = f"measured by {prior.id}" if done else f"{prior.status.label} as {prior.id}"
-                    then = "" if done else f"wait for it with `nightlab wait {prior.id}`, or "
-                    raise DuplicateExperimentError(
-                        f"these files on tier `{tier}` with seed {s} are already {where} "
-                        f"(`{prior.description}`); {then}use `--seed N` or `--repeats N` for a new "
-                        "measurement, or `--force`"
-                    )
+            self._refuse_measured(ident, tier, seeds)
         new = [
             NewExperiment(
                 snapshot=commit,
@@ -297,6 +257,55 @@ class Lab:
 
             ensure_running(self.path)
         return experiments
+
+    def _snapshot_files(
+        self, overrides: dict[str, bytes] | None, sets: dict[str, str] | None
+    ) -> dict[str, bytes]:
+        """The files the snapshot takes instead of the working tree's: the overrides, then the knob values set."""
+        files = dict(overrides or {})
+        # the snapshot takes an editable file from the overrides, else from the working tree
+        # (`snapshots.create_snapshot`): without the one the command runs, the run can only crash
+        for name in self.config.target.entry_files:
+            if name not in files and not (self.path / name).is_file():
+                raise UsageError(
+                    f"`{name}` is missing from the working tree and the target's command "
+                    f"`{self.config.target.command}` runs it; restore it with `git checkout -- {name}`"
+                )
+        if sets:
+            # the working tree's editable files, under the overrides, take the knob values
+            current = {
+                name: files[name] if name in files else (self.path / name).read_bytes()
+                for name in self.config.target.editable
+                if name in files or (self.path / name).is_file()
+            }
+            applied = apply_sets(current, sets)
+            files.update({name: content for name, content in applied.items() if content != current[name]})
+        return files
+
+    def _seeds(
+        self, ident: str, tier: str, *, seed: int | None, repeats: int, fresh_seeds: bool
+    ) -> list[int]:
+        """The seeds to queue: the one asked for, else 0, else the lowest this identity has not used on the tier."""
+        if seed is not None:
+            return [seed]
+        if repeats == 1 and not fresh_seeds:
+            return [0]
+        used = self.ledger.seeds_used(ident, tier)
+        return [s for s in range(len(used) + repeats) if s not in used][:repeats]
+
+    def _refuse_measured(self, ident: str, tier: str, seeds: list[int]) -> None:
+        """Raise DuplicateExperimentError when one of these measurements exists or is under way."""
+        for s in seeds:
+            prior = self.ledger.find_measured(ident, tier, s)
+            if prior is not None:
+                done = prior.status.is_finished()
+                where = f"measured by {prior.id}" if done else f"{prior.status.label} as {prior.id}"
+                then = "" if done else f"wait for it with `nightlab wait {prior.id}`, or "
+                raise DuplicateExperimentError(
+                    f"these files on tier `{tier}` with seed {s} are already {where} "
+                    f"(`{prior.description}`); {then}use `--seed N` or `--repeats N` for a new "
+                    "measurement, or `--force`"
+                )
 
     def _check_prepared(self, tier: str) -> None:
         """Refuse a built-in-target run on local workers before `nightlab prepare`: it would only
@@ -436,3 +445,13 @@ class Lab:
             commit = self.head()
         self.judge().adopted(exp, decided_on=decided_on)
         return commit
+
+
+def _check_submit_args(description: str, *, seed: int | None, repeats: int) -> None:
+    """Raise UsageError for an empty description or a bad seed / repeats pair."""
+    if not description.strip():
+        raise UsageError('describe the experiment with `-m "..."`: the description is what the journal shows')
+    if repeats < 1:
+        raise UsageError(f"`--repeats` must be at least 1, got `{repeats}`")
+    if seed is not None and repeats > 1:
+        raise UsageError("use either `--seed` or `--repeats`: repeats choose their own distinct seeds")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from nightlab.agent.costs import agent_cost_markdown, agent_cost_summary
 from nightlab.atomic import atomic_path, atomic_write_text
@@ -146,87 +147,97 @@ def progress_png(ledger: Ledger, config: LabConfig, path: Path) -> None:
     tiers = sorted({e.tier for e in exps} | set(degraded)) or ["-"]
     adopted = adopted_identities(exps)
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 4.2 * len(tiers)), squeeze=False)
-    better = min if config.metric.lower_is_better else max
     for ax, tier in zip(axes[:, 0], tiers, strict=True):
-        mine = [e for e in exps if e.tier == tier]
-        xs = [e.seq for e in mine]
-        # kept = the baseline and what was adopted (`judge.kept`); a run that beat the incumbent too
-        # but lost to the wave's best carries the verdict `keep` without being adopted: drawn apart
-        kept = [e for e in mine if is_kept(e, adopted)]
-        beat = [e for e in mine if e.verdict == Verdict.KEEP and e not in kept]
-        rest = [e for e in mine if e not in kept and e not in beat]
-        for verdict, label, color, size, z in _OTHERS:
-            group = [e for e in rest if e.verdict == verdict or (verdict is None and e.verdict not in _SHOWN)]
-            if group:
-                ax.scatter(
-                    [e.seq for e in group],
-                    [e.metric(metric) for e in group],
-                    s=size,
-                    color=color,
-                    label=label,
-                    zorder=z,
-                )
-        if beat:
-            ax.scatter(
-                [e.seq for e in beat],
-                [e.metric(metric) for e in beat],
-                s=24,
-                color="#8fd19e",
-                label="beat the incumbent, not adopted",
-                zorder=3,
-            )
-        ax.scatter(
-            [e.seq for e in kept],
-            [e.metric(metric) for e in kept],
-            s=36,
-            color="#2a9d4b",
-            label="kept",
-            zorder=3,
-        )
-        best, step_x, step_y = None, [], []
-        for entry, mean in kept_snapshots(kept, metric):
-            best = mean if best is None else better(best, mean)
-            step_x.append(entry.seq)
-            step_y.append(best)
-            ax.annotate(
-                _entry_label(entry),
-                (entry.seq, mean),
-                fontsize=7,
-                rotation=20,
-                xytext=(4, 6),
-                textcoords="offset points",
-                color="#1d6b34",
-            )
-        if step_x:
-            step_x.append(max(xs))
-            step_y.append(step_y[-1])
-            ax.step(
-                step_x,
-                step_y,
-                where="post",
-                color="#2a9d4b",
-                linewidth=1.5,
-                label="incumbent (mean)",
-                zorder=1,
-            )
-        note = trust_note(mine, builtin=config.target.builtin)
-        starved = degraded.get(tier, 0)
-        ax.set_title(
-            f"tier {tier}: {len(mine)} ok runs{f' ({note})' if note else ''}, "
-            f"{len({e.identity for e in kept})} kept snapshots"
-            + (f"; {starved} degraded runs not drawn (starved or throttled: never judged)" if starved else "")
-        )
-        ax.set_xlabel("experiment #")
-        ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")
-        ax.grid(alpha=0.3)
-        if mine:
-            ax.legend(loc="upper right", fontsize=8)
-        elif starved:
-            ax.text(0.5, 0.5, "no ok run: every run here was degraded", ha="center", transform=ax.transAxes)
+        _progress_panel(ax, [e for e in exps if e.tier == tier], tier, config, adopted, degraded.get(tier, 0))
     fig.tight_layout()
     with atomic_path(path) as tmp:  # keeps the `.png` suffix savefig reads the format from
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
+
+
+def _progress_panel(
+    ax: Any, mine: list[Experiment], tier: str, config: LabConfig, adopted: set[str], starved: int
+) -> None:
+    """One tier's panel of `progress_png`: its runs as dots, the incumbent's step line, the title."""
+    metric = config.metric.name
+    # kept = the baseline and what was adopted (`judge.kept`); a run that beat the incumbent too
+    # but lost to the wave's best carries the verdict `keep` without being adopted: drawn apart
+    kept = [e for e in mine if is_kept(e, adopted)]
+    beat = [e for e in mine if e.verdict == Verdict.KEEP and e not in kept]
+    rest = [e for e in mine if e not in kept and e not in beat]
+    for verdict, label, color, size, z in _OTHERS:
+        group = [e for e in rest if e.verdict == verdict or (verdict is None and e.verdict not in _SHOWN)]
+        if group:
+            ax.scatter(
+                [e.seq for e in group],
+                [e.metric(metric) for e in group],
+                s=size,
+                color=color,
+                label=label,
+                zorder=z,
+            )
+    if beat:
+        ax.scatter(
+            [e.seq for e in beat],
+            [e.metric(metric) for e in beat],
+            s=24,
+            color="#8fd19e",
+            label="beat the incumbent, not adopted",
+            zorder=3,
+        )
+    ax.scatter(
+        [e.seq for e in kept],
+        [e.metric(metric) for e in kept],
+        s=36,
+        color="#2a9d4b",
+        label="kept",
+        zorder=3,
+    )
+    _incumbent_steps(ax, kept, [e.seq for e in mine], config)
+    note = trust_note(mine, builtin=config.target.builtin)
+    ax.set_title(
+        f"tier {tier}: {len(mine)} ok runs{f' ({note})' if note else ''}, "
+        f"{len({e.identity for e in kept})} kept snapshots"
+        + (f"; {starved} degraded runs not drawn (starved or throttled: never judged)" if starved else "")
+    )
+    ax.set_xlabel("experiment #")
+    ax.set_ylabel(f"{metric} ({'lower' if config.metric.lower_is_better else 'higher'} is better)")
+    ax.grid(alpha=0.3)
+    if mine:
+        ax.legend(loc="upper right", fontsize=8)
+    elif starved:
+        ax.text(0.5, 0.5, "no ok run: every run here was degraded", ha="center", transform=ax.transAxes)
+
+
+def _incumbent_steps(ax: Any, kept: list[Experiment], xs: list[int], config: LabConfig) -> None:
+    """The incumbent's best mean so far as a step line, each kept change labelled where it came in."""
+    better = min if config.metric.lower_is_better else max
+    best, step_x, step_y = None, [], []
+    for entry, mean in kept_snapshots(kept, config.metric.name):
+        best = mean if best is None else better(best, mean)
+        step_x.append(entry.seq)
+        step_y.append(best)
+        ax.annotate(
+            _entry_label(entry),
+            (entry.seq, mean),
+            fontsize=7,
+            rotation=20,
+            xytext=(4, 6),
+            textcoords="offset points",
+            color="#1d6b34",
+        )
+    if step_x:
+        step_x.append(max(xs))
+        step_y.append(step_y[-1])
+        ax.step(
+            step_x,
+            step_y,
+            where="post",
+            color="#2a9d4b",
+            linewidth=1.5,
+            label="incumbent (mean)",
+            zorder=1,
+        )
 
 
 def write_report(

@@ -251,7 +251,7 @@ def test_an_orphan_in_a_session_of_its_own_counts_by_its_mark(tmp_path):
 
 def test_a_late_hand_in_on_a_starved_machine_may_be_degraded_and_nothing_else_invalid():
     """Issue 30: starvation slows export and save as much as training; other invalid runs stay invalid."""
-    from nightlab.fleet.controller import health_may_judge
+    from nightlab.fleet.health import health_may_judge
     from nightlab.ledger import Outcome
 
     late = {"handin_delay_seconds": 12.0, "handin_grace_seconds": 10.5}

@@ -60,17 +60,30 @@ def _instructions(lab) -> list[str]:
 
 
 def _state(lab, budget: Budget) -> list[str]:
-    from nightlab import snapshots
-    from nightlab.analysis import noise_sigma, ranking
-    from nightlab.config import pool_slots
-    from nightlab.identity import epoch_key
+    from nightlab.analysis import ranking
 
-    config = lab.config
-    metric = config.metric.name
-    out = ["# The lab now", ""]
-    out.append(
-        f"- metric `{metric}`, {config.metric.direction} is better; time limit {config.target.timeout:g} s per run"
-    )
+    out = ["# The lab now", "", *_fleet_lines(lab.config)]
+    # ranked from a few columns per experiment; only the crashes listed below are decoded
+    ranked, incumbents = ranking(lab.ledger, lab.config, lab.path)
+    out += _incumbent_lines(lab, incumbents)
+    out += _budget_lines(budget)
+    keys = [r.key for r in ranked]
+    out += _in_flight_lines(keys)
+    out += _best_lines(ranked)
+    out += _kept_lines(lab, keys)
+    out += _crash_lines(lab, keys)
+    out += _working_tree_lines(lab)
+    return out
+
+
+def _fleet_lines(config) -> list[str]:
+    """The metric, the time limit and the slots of each tier."""
+    from nightlab.config import pool_slots
+
+    out = [
+        f"- metric `{config.metric.name}`, {config.metric.direction} is better; "
+        f"time limit {config.target.timeout:g} s per run"
+    ]
     slots: dict[str, int] = {}
     for pool in config.fleet.pools:
         slots[pool.tier] = slots.get(pool.tier, 0) + pool_slots(pool)
@@ -79,14 +92,21 @@ def _state(lab, budget: Budget) -> list[str]:
         + ", ".join(f"tier `{t}` {n} slot{'s' if n != 1 else ''}" for t, n in sorted(slots.items()))
         + f" (default tier `{config.fleet.default_tier}`)"
     )
-    # ranked from a few columns per experiment; only the crashes listed below are decoded
-    ranked, incumbents = ranking(lab.ledger, config, lab.path)
+    return out
+
+
+def _incumbent_lines(lab, incumbents: dict) -> list[str]:
+    """The incumbent commit, then its figure and the noise floor on each tier."""
+    from nightlab import snapshots
+    from nightlab.analysis import noise_sigma
+    from nightlab.identity import epoch_key
+
     head = lab.head()
     subject = snapshots.git_text(lab.path, "log", "-1", "--format=%s", head)
-    out.append(f'- incumbent: {head[:10]} "{subject}"')
-    for tier in sorted(set(config.fleet.tiers) | set(incumbents)):
+    out = [f'- incumbent: {head[:10]} "{subject}"']
+    for tier in sorted(set(lab.config.fleet.tiers) | set(incumbents)):
         f = incumbents.get(tier)
-        sigma, dof = noise_sigma(lab.ledger, metric, tier, epoch=epoch_key(lab.config))
+        sigma, dof = noise_sigma(lab.ledger, lab.config.metric.name, tier, epoch=epoch_key(lab.config))
         noise = (
             f"noise floor σ {sigma:.6f} ({dof} dof)"
             if sigma is not None
@@ -97,26 +117,38 @@ def _state(lab, budget: Budget) -> list[str]:
         else:
             spread = f" ± {f.std:.6f}" if f.std is not None else ""
             out.append(f"  - {tier}: {f.mean:.6f}{spread} (n={f.n}); {noise}")
-    if budget.hours_left is not None or budget.experiments_left is not None:
-        parts = []
-        if budget.hours_left is not None:
-            parts.append(f"{budget.hours_left:.1f} h left")
-        if budget.experiments_left is not None:
-            parts.append(f"{budget.experiments_left} more experiments")
-        out.append(f"- this run's budget: {', '.join(parts)}; spend it on the most promising ideas")
+    return out
 
-    keys = [r.key for r in ranked]
+
+def _budget_lines(budget: Budget) -> list[str]:
+    """What is left of this run's budget, when it has one."""
+    if budget.hours_left is None and budget.experiments_left is None:
+        return []
+    parts = []
+    if budget.hours_left is not None:
+        parts.append(f"{budget.hours_left:.1f} h left")
+    if budget.experiments_left is not None:
+        parts.append(f"{budget.experiments_left} more experiments")
+    return [f"- this run's budget: {', '.join(parts)}; spend it on the most promising ideas"]
+
+
+def _in_flight_lines(keys: list) -> list[str]:
+    """The queued and running experiments, oldest first."""
     flying = sorted(
         (k for k in keys if k.status in (ExperimentStatus.QUEUED, ExperimentStatus.RUNNING)),
         key=lambda k: k.seq,
     )
-    out += ["", "## In flight (do not resubmit; `nightlab wait --any` for them)"]
+    out = ["", "## In flight (do not resubmit; `nightlab wait --any` for them)"]
     if flying:
         out += [f"- {k.id} {k.status.label} on {k.tier}: {k.description}" for k in flying]
     else:
         out.append("- nothing: every slot is free, submit a wave now")
+    return out
 
-    out += ["", "## Best results per tier"]
+
+def _best_lines(ranked: list) -> list[str]:
+    """The best `TOP_RESULTS` snapshots of each tier."""
+    out = ["", "## Best results per tier"]
     best = [r for r in ranked if r.value is not None]
     if not best:
         out.append("- none yet")
@@ -131,38 +163,52 @@ def _state(lab, budget: Budget) -> list[str]:
             out.append(f"- {k.id} {tier} {r.value:.6f}{delta} {k.verdict or 'undecided'}: {k.description}")
             if len(seen) == TOP_RESULTS:
                 break
+    return out
+
+
+def _kept_lines(lab, keys: list) -> list[str]:
+    """The keeps not adopted (not the incumbent's own files)."""
     head_identity = lab.head_identity()
     pending_keeps = {
         k.identity: k
         for k in keys
         if k.verdict == "keep" and k.adopted_at is None and k.identity != head_identity
     }
-    if pending_keeps:
-        out += ["", "## Kept but not adopted (adopt the best of them: `nightlab adopt ID`)"]
-        out += [f"- {k.id} {k.tier}: {k.description}" for k in pending_keeps.values()]
+    if not pending_keeps:
+        return []
+    out = ["", "## Kept but not adopted (adopt the best of them: `nightlab adopt ID`)"]
+    return out + [f"- {k.id} {k.tier}: {k.description}" for k in pending_keeps.values()]
 
+
+def _crash_lines(lab, keys: list) -> list[str]:
+    """The `RECENT_CRASHES` latest crashes, the only experiments decoded in full."""
     crashed_ids = [
         k.id for k in sorted(keys, key=lambda k: -k.seq) if k.status == ExperimentStatus.FINISHED and not k.ok
     ][:RECENT_CRASHES]
-    if crashed_ids:
-        crashed = sorted(lab.ledger.experiments(ids=crashed_ids), key=lambda e: -e.seq)
-        out += ["", "## Recent crashes (`nightlab show ID` for the log tail)"]
-        out += [f"- {e.id} {e.outcome}: {e.detail or '-'} | {e.description}" for e in crashed]
+    if not crashed_ids:
+        return []
+    crashed = sorted(lab.ledger.experiments(ids=crashed_ids), key=lambda e: -e.seq)
+    out = ["", "## Recent crashes (`nightlab show ID` for the log tail)"]
+    return out + [f"- {e.id} {e.outcome}: {e.detail or '-'} | {e.description}" for e in crashed]
 
+
+def _working_tree_lines(lab) -> list[str]:
+    """Uncommitted edits an earlier session left, and how to put them right."""
     dirty = _dirty(lab)
-    if dirty["editable"] or dirty["other"]:
-        out += ["", "## The working tree"]
-        if dirty["editable"]:
-            out.append(
-                f"- uncommitted edits in {', '.join(dirty['editable'])} (left by an earlier session?): "
-                "read `git diff`, submit them if they are an idea not yet measured, then restore with "
-                f"`git checkout HEAD -- {' '.join(dirty['editable'])}`"
-            )
-        if dirty["other"]:
-            out.append(
-                f"- files outside the editable set were changed: {', '.join(dirty['other'])}. That breaks the "
-                f"rules: restore them with `git checkout HEAD -- {' '.join(dirty['other'])}`"
-            )
+    if not (dirty["editable"] or dirty["other"]):
+        return []
+    out = ["", "## The working tree"]
+    if dirty["editable"]:
+        out.append(
+            f"- uncommitted edits in {', '.join(dirty['editable'])} (left by an earlier session?): "
+            "read `git diff`, submit them if they are an idea not yet measured, then restore with "
+            f"`git checkout HEAD -- {' '.join(dirty['editable'])}`"
+        )
+    if dirty["other"]:
+        out.append(
+            f"- files outside the editable set were changed: {', '.join(dirty['other'])}. That breaks the "
+            f"rules: restore them with `git checkout HEAD -- {' '.join(dirty['other'])}`"
+        )
     return out
 
 

@@ -72,8 +72,6 @@ def command(lab, tier, all_, limit, as_json) -> None:
             results_payload(lab, ranked, incumbents, result_rows(lab.ledger, ranked[:limit], tier=tier))
         )
         return
-    from rich.table import Table
-
     out = console()
     from nightlab.identity import epoch_info, epoch_line
 
@@ -81,19 +79,34 @@ def command(lab, tier, all_, limit, as_json) -> None:
     line = epoch_line(epoch)
     if line and epoch["since"] is not None:  # a fresh change is already announced on opening the lab
         say(line)
-    head = lab.head()
-    for t, f in incumbents.items():
-        if f is None:
-            out.print(f"incumbent {head[:10]} on {t}: not measured; run `nightlab noise --tier {t}`")
-        else:
-            spread = f" ± {f.std:.6f}" if f.std is not None else ""
-            out.print(f"incumbent {head[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
+    _print_incumbents(out, lab.head(), incumbents, metric)
     limit = DEFAULT_ROWS if limit is None else limit
     shown = result_rows(
         lab.ledger,
         ranked if all_ else [r for r in ranked if r.value is not None or r.key.degraded][:limit],
         tier=tier,
     )
+    out.print(_table(lab, shown, metric, judge))
+    if not lab.config.target.builtin:
+        say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")
+    _say_footnotes(lab, ranked, shown, incumbents, all_=all_)
+    _say_settle_hints(judge, shown)
+
+
+def _print_incumbents(out, head: str, incumbents: dict, metric: str) -> None:
+    """One line per tier: the incumbent's figure, or how to measure it."""
+    for t, f in incumbents.items():
+        if f is None:
+            out.print(f"incumbent {head[:10]} on {t}: not measured; run `nightlab noise --tier {t}`")
+        else:
+            spread = f" ± {f.std:.6f}" if f.std is not None else ""
+            out.print(f"incumbent {head[:10]} on {t}: {metric} {f.mean:.6f}{spread} (n={f.n})")
+
+
+def _table(lab, shown: list, metric: str, judge):
+    """The rows shown, as a rich Table."""
+    from rich.table import Table
+
     from nightlab.rungs import tier_label
 
     table = Table(box=None, pad_edge=False)
@@ -119,9 +132,11 @@ def command(lab, tier, all_, limit, as_json) -> None:
             str(e.seed),
             e.description[:60],
         )
-    out.print(table)
-    if not lab.config.target.builtin:
-        say(f"self-reported: {TRUST_NOTES['self-reported']} (a foreign target computes its own metric)")
+    return table
+
+
+def _say_footnotes(lab, ranked: list, shown: list, incumbents: dict, *, all_: bool) -> None:
+    """The counts by outcome, then a note for each kind of row the table alone would mislead on."""
     counts: dict[str, int] = {}
     for r in ranked:
         key = r.key.outcome or r.key.status.label
@@ -152,6 +167,10 @@ def command(lab, tier, all_, limit, as_json) -> None:
             f"another (e.g. {moved[0].experiment.id} against {fmt(j.get('mean'))} (n={j.get('n', 0)}), "
             f"today {today}); their delta is against today's"
         )
+
+
+def _say_settle_hints(judge, shown: list) -> None:
+    """How to settle each within-noise candidate shown, once per files and tier."""
     seen = set()
     inc = judge.incumbent()
     for r in shown:

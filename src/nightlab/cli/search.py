@@ -187,29 +187,32 @@ def command(
         raise click.exceptions.Exit(130) from None
     live.clear()
     if as_json:
-        emit_json(
-            {
-                "stopped": result.stopped,
-                "incumbent": result.incumbent,
-                "waves": [
-                    {
-                        "wave": s.wave_id,
-                        "index": s.index,
-                        "proposed": s.proposed,
-                        "finished": s.finished,
-                        "crashed": s.crashed,
-                        "degraded": s.degraded,
-                        "best": None if s.best is None else {"id": s.best.id, metric: s.best.value},
-                        "adopted": None if s.adopted is None else s.adopted.id,
-                        "verdict": s.verdict,
-                    }
-                    for s in lines
-                ],
-            }
-        )
+        emit_json(_json_payload(result, lines, metric))
         return
     why = {"waves": "wave budget spent", "deadline": "time budget spent", "converged": "nothing left to try"}
     say(
         f"search stopped ({why[result.stopped]}); incumbent "
         + " ".join(f"{k}={v}" for k, v in result.incumbent.items())
     )
+
+
+def _json_payload(result, summaries: list, metric: str) -> dict:
+    """`nightlab search --json`'s document: why it stopped, the incumbent's knobs, each wave's summary."""
+    return {
+        "stopped": result.stopped,
+        "incumbent": result.incumbent,
+        "waves": [
+            {
+                "wave": s.wave_id,
+                "index": s.index,
+                "proposed": s.proposed,
+                "finished": s.finished,
+                "crashed": s.crashed,
+                "degraded": s.degraded,
+                "best": None if s.best is None else {"id": s.best.id, metric: s.best.value},
+                "adopted": None if s.adopted is None else s.adopted.id,
+                "verdict": s.verdict,
+            }
+            for s in summaries
+        ],
+    }

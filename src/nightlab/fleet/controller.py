@@ -12,10 +12,11 @@ while no controller watched are recorded from their status file and log; runs th
 vanished are `infra` and go back to the queue. `Ledger.finish_attempt` refuses to end an
 attempt twice, so every experiment ends exactly once.
 
-Why one module of ~550 lines: the loop's halves (poll, record, dispatch, recovery) share the
+Why one module of ~600 lines: the loop's halves (poll, record, dispatch, recovery) share the
 `active` table and the one ledger connection of the controller's thread; what stands alone
-lives beside it (`slots.py`, the result rules in `runner.py`, `capacity.py`, `health.py`, and
-the verdict policy that the lab injects).
+lives beside it (`slots.py`, the result rules in `runner.py`, `capacity.py`, `health.py` with
+`health_may_judge`, `low_disk.py` (a full disk is the machine's fault), and the verdict policy
+that the lab injects).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from typing import Any
 from nightlab.config import LabConfig
 from nightlab.errors import LedgerError, NightlabError
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, VerdictPolicy, WorkerSlot
-from nightlab.fleet.health import HealthWatch
+from nightlab.fleet.health import HealthWatch, health_may_judge
 from nightlab.fleet.local import LocalBackend
+from nightlab.fleet.low_disk import DiskGate, disk_full, disk_full_detail
 from nightlab.fleet.runner import (
     classify,
     expected_fingerprint,
@@ -45,28 +47,12 @@ from nightlab.fleet.runner import (
 from nightlab.fleet.sidecar import Sidecar
 from nightlab.fleet.slots import build_slots
 from nightlab.ledger import Attempt, AttemptEnd, Experiment, Ledger, Outcome, WorkerState
-from nightlab.ledger.integrity import free_bytes
 from nightlab.rungs import BUDGET_ENV, tier_budget_env
 
 log = logging.getLogger("nightlab.controller")
 
 HEARTBEAT_SECONDS = 1.0
 KILL_GRACE_SECONDS = 30.0  # after a kill, how long to wait for the run to report its end
-LOW_DISK_BYTES = 1 << 20  # below 1 MiB free a log write can fail: such a crash is the disk's, not the code's
-
-
-def health_may_judge(outcome: Outcome, metrics: dict[str, Any]) -> bool:
-    """Whether a starved machine may turn this run's outcome into `degraded` (re-run once, never judged).
-
-    An `ok` run, and one `invalid` only because its hand-in came after the grace (harness/serve.py):
-    a machine that starves training starves export and save as much, so the late hand-in of an
-    honest run on it says nothing about the code. The re-run is judged on its own.
-    """
-    if outcome is Outcome.OK:
-        return True
-    delay, grace = metrics.get("handin_delay_seconds"), metrics.get("handin_grace_seconds")
-    numbers = isinstance(delay, (int, float)) and isinstance(grace, (int, float))
-    return outcome is Outcome.INVALID and numbers and delay > grace
 
 
 class _Kill(enum.Enum):
@@ -87,12 +73,6 @@ class _Active:
     started: bool = False
     killed: _Kill | None = None
     killed_at: float = 0.0
-
-
-def _disk_full(run_dir: Path, tail: str) -> bool:
-    """Whether a run that ended without a result was stopped by a full disk."""
-    free = free_bytes(run_dir)
-    return (free is not None and free < LOW_DISK_BYTES) or "No space left on device" in tail[-4096:]
 
 
 def _config_blob(lab_dir: Path) -> str | None:
@@ -152,7 +132,7 @@ class Controller:
             self._digests = record_digests(lab_dir)
         self._code: str | None = None
         self._next_backup = 0.0
-        self._disk_warned = 0.0
+        self._disk = DiskGate(lab_dir)
         self.ledger_failed = False
         self.health = HealthWatch(config.fleet, slots)
         # the daemon's controller follows the committed nightlab.toml: new pools, slots and
@@ -471,14 +451,9 @@ class Controller:
                 outcome = Outcome(scored)  # the harness speaks in the stored strings
                 if outcome is Outcome.OK:
                     metrics = self._flag_seed(active.spec.experiment_id, metrics)
-            if (outcome.is_crash() or outcome is Outcome.INFRA) and _disk_full(active.spec.run_dir, tail):
+            if (outcome.is_crash() or outcome is Outcome.INFRA) and disk_full(active.spec.run_dir, tail):
                 # the run could not write its log: not the code's fault, so retry it when there is room
-                free = free_bytes(active.spec.run_dir)
-                outcome = Outcome.INFRA
-                detail = (
-                    f"the disk holding `{active.spec.run_dir}` filled up while the run wrote its log "
-                    f"({(free or 0) / 2**20:.1f} MiB free); free some space (`nightlab doctor` checks it)"
-                )
+                outcome, detail = Outcome.INFRA, disk_full_detail(active.spec.run_dir)
         health = self.health.finish(active.attempt, reported=ended.health)
         if health is not None and health.degraded and health_may_judge(outcome, metrics):
             outcome, detail = Outcome.DEGRADED, health.reason
@@ -545,7 +520,7 @@ class Controller:
         """Lease work to free slots; returns whether anything is queued for this fleet."""
         free = self._free_slots()
         queued = self._queued_by_tier()
-        if free and any(queued.values()) and self._disk_full_now():
+        if free and any(queued.values()) and self._disk.full():
             return True  # a run started now would die writing its log: wait in the queue for space
         for slot, retry_only in free:
             if not queued.get(slot.tier) or not self._backend(slot).available(slot):
@@ -615,19 +590,6 @@ class Controller:
         ):
             return mine
         return []
-
-    def _disk_full_now(self) -> bool:
-        free = free_bytes(self.lab_dir / ".nightlab")
-        full = free is not None and free < LOW_DISK_BYTES
-        now = time.time()
-        if full and now - self._disk_warned > 60:
-            log.warning(
-                "only %.1f MiB free for %s: runs stay queued until there is space (`nightlab doctor`)",
-                (free or 0) / 2**20,
-                self.lab_dir / ".nightlab",
-            )
-            self._disk_warned = now
-        return full
 
     def _queued_by_tier(self) -> dict[str, int]:
         return self.ledger.queued_counts()

@@ -72,6 +72,7 @@ from typing import Any
 
 from nightlab import procs
 from nightlab.fleet.capacity import capacity_problem, check_capacity, usable_cores  # noqa: F401 (their former home)
+from nightlab.outcome import Outcome
 
 MIN_GOT_SHARE = 0.7
 # A shared CI machine cannot keep other jobs off its cores: there this variable (read by the
@@ -449,6 +450,20 @@ def cpu_share_override(configured: float) -> float:
     except ValueError:
         return configured
     return value if 0 <= value <= 1 else configured
+
+
+def health_may_judge(outcome: Outcome, metrics: dict[str, Any]) -> bool:
+    """Whether a starved machine may turn this run's outcome into `degraded` (re-run once, never judged).
+
+    An `ok` run, and one `invalid` only because its hand-in came after the grace (harness/serve.py):
+    a machine that starves training starves export and save as much, so the late hand-in of an
+    honest run on it says nothing about the code. The re-run is judged on its own.
+    """
+    if outcome is Outcome.OK:
+        return True
+    delay, grace = metrics.get("handin_delay_seconds"), metrics.get("handin_grace_seconds")
+    numbers = isinstance(delay, (int, float)) and isinstance(grace, (int, float))
+    return outcome is Outcome.INVALID and numbers and delay > grace
 
 
 class HealthWatch:

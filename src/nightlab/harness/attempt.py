@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightlab.atomic import atomic_write_text
 from nightlab.harness.names import (
@@ -57,6 +57,10 @@ from nightlab.harness.names import (
     SCORE_FILE,
     exit_now,
 )
+
+if TYPE_CHECKING:
+    from nightlab.harness.profiles import Profile
+    from nightlab.harness.serve import BatchServer
 
 __all__ = [
     "HARNESS_DIGESTS_ENV",
@@ -198,16 +202,8 @@ def _digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, str] | None) -> int:
-    """Run, serve, check and score one attempt (see the module docstring). Returns the command's exit code."""
-    from nightlab import procs
-    from nightlab.harness import integrity, sandbox, serve
-    from nightlab.harness.profiles import data_dir, data_root, load_lab_profile
-    from nightlab.harness.scorer import UnscorableModelError, score, write_json
-    from nightlab.harness.sources import source_paths
-
-    run_dir = run_dir.resolve()
-    lab_dir = lab_dir.resolve()
+def _fresh_folders(run_dir: Path) -> tuple[Path, Path, Path]:
+    """Remove the last score and empty the hand-off and hand-in folders; returns (score, handoff, received)."""
     out = run_dir / SCORE_FILE
     out.unlink(missing_ok=True)
     handoff, received = run_dir / HANDOFF_FOLDER, run_dir / RECEIVED_FOLDER
@@ -215,50 +211,47 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-    profile = load_lab_profile(lab_dir)
-    budget = tier_budget(profile.budget_seconds)
-    grace = serve.grace_seconds(budget)
-    # the digests the files must keep: the controller's, else this process's view before the run
-    expected = digests if digests is not None else integrity.expected_digests()
-    plan = sandbox.SandboxPlan(
-        data_dir=data_dir(profile),
-        data_root=data_root(),
-        lab_dir=lab_dir,
-        writable=(Path.cwd().resolve(), handoff),
-        caches=sandbox.default_caches(),
-        hidden=source_paths(profile.dataset),
-    )
-    argv, mode = sandbox.wrap(["/bin/sh", "-c", command], plan=plan)
-    env = {k: v for k, v in os.environ.items() if k not in (HARNESS_DIGESTS_ENV, "NIGHTLAB_BUDGET")}
-    env[HANDOFF_ENV] = str(handoff)
-    result: dict[str, Any] = {"sandbox": mode, "budget_seconds": budget}
-    if mode == "none":
-        result["unsandboxed"] = sandbox.available()
-        print(f"nightlab harness: running unsandboxed ({sandbox.available()})", file=sys.stderr, flush=True)
+    return out, handoff, received
 
-    # The batch server: train.py gets one end of a socket pair; the lab's profile (never the run's
-    # environment) sets the budget. NIGHTLAB_MAX_STEPS makes runs step-based in tests; the fleet strips it.
-    copy_problem: list[str] = []
-    taken: dict[str, str] = {}  # file -> SHA-256 at the hand-in, kept in this process's memory
 
-    def take_hand_in() -> None:  # the moment train.py says it handed in: copy it out of its reach
+class _HandIn:
+    """What was taken at the hand-in: each file's SHA-256, kept in this process's memory, and any
+    file that could not be taken."""
+
+    def __init__(self, handoff: Path, received: Path) -> None:
+        self.handoff, self.received = handoff, received
+        self.taken: dict[str, str] = {}
+        self.problems: list[str] = []
+
+    def take(self) -> None:
+        """The moment train.py says it handed in: copy it out of its reach."""
         for name in (MODEL_FILE, HANDOFF_META):
             try:
-                taken[name] = _copy_regular(handoff / name, received / name)
+                self.taken[name] = _copy_regular(self.handoff / name, self.received / name)
             except OSError as e:
-                copy_problem.append(f"`{name}` could not be taken at hand-in ({e.strerror or e})")
+                self.problems.append(f"`{name}` could not be taken at hand-in ({e.strerror or e})")
 
-    mine, theirs = socket.socketpair()
-    server = serve.BatchServer(
-        mine,
-        serve.ServerConfig(
-            data_dir(profile), profile.seq_len, budget, int(os.environ.get("NIGHTLAB_MAX_STEPS", "0") or 0)
-        ),
-        on_handin=take_hand_in,
-    )
-    serving = threading.Thread(target=server.serve, name="nightlab-batch-server", daemon=True)
-    serving.start()
-    env[serve.FD_ENV] = str(theirs.fileno())
+    def problem(self) -> str | None:
+        """Why the hand-in cannot be scored (not taken, or changed since), None when it can."""
+        if self.problems:
+            return self.problems[0]
+        for name in (MODEL_FILE, HANDOFF_META):
+            # the run's folder (a later write) and the copy (unsandboxed, the run can reach it too)
+            if not _digest(self.handoff / name) == _digest(self.received / name) == self.taken[name]:
+                return f"the hand-in was rewritten after it was handed in (`{name}` changed)"
+        return None
+
+
+def _run_train(
+    argv: list[str],
+    env: dict[str, str],
+    mine: socket.socket,
+    theirs: socket.socket,
+    serving: threading.Thread,
+) -> tuple[int, float]:
+    """Run the wrapped command to its end, then end all it started and stop the batch server;
+    returns (exit code, wall seconds)."""
+    from nightlab import procs
 
     # As the subreaper of everything train.py starts, this process keeps even a daemon that
     # double-forked into a session of its own in its tree (the sweep below finds it); the parent-death
@@ -284,10 +277,103 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
             pass
         serving.join(timeout=10)
         mine.close()
-    wall = time.monotonic() - start
+    return code, time.monotonic() - start
+
+
+def _timing_problem(
+    result: dict[str, Any],
+    server: BatchServer,
+    *,
+    wall: float,
+    budget: float,
+    grace: float,
+    figures: dict[str, Any],
+    handoff: Path,
+    old: bool,
+) -> str | None:
+    """Why a run that exited 0 is invalid by the clock or the protocol, None when it is not; records
+    the hand-in delay in `result` once there is one."""
+    limit = budget + wall_allowance(budget)
+    if wall > limit:
+        return (
+            f"the training process ran {wall:.1f} s, more than the budget {budget:g} s + allowance "
+            f"{wall_allowance(budget):g} s = {limit:g} s"
+        )
+    if server.error:
+        return f"train.py broke the batch server's protocol ({server.error})"
+    if server.clock.handed_in is None:
+        if (handoff / MODEL_FILE).exists() and not old:
+            return "train.py wrote a model but never handed it in (call `hand_in(model, batches)`)"
+        return MIGRATE_HINT if old else "train.py never handed its model to the harness (`hand_in`)"
+    last = figures["last_served_at"] if figures["last_served_at"] is not None else 0.0
+    delay = figures["handed_in_at"] - last
+    result.update(handin_delay_seconds=round(delay, 3), handin_grace_seconds=round(grace, 3))
+    if delay > grace:
+        return (
+            f"the model was handed in at {figures['handed_in_at']:.1f} s, {delay:.1f} s after the last batch "
+            f"was served at {last:.1f} s; the harness allows {grace:g} s for the last step, export and save: "
+            "it trained past the budget"
+        )
+    return None
+
+
+def _wrap(command: str, profile: Profile, *, lab_dir: Path, handoff: Path) -> tuple[list[str], str]:
+    """The command wrapped in the sandbox, and the sandbox's mode ("none" where it cannot start)."""
+    from nightlab.harness import sandbox
+    from nightlab.harness.profiles import data_dir, data_root
+    from nightlab.harness.sources import source_paths
+
+    plan = sandbox.SandboxPlan(
+        data_dir=data_dir(profile),
+        data_root=data_root(),
+        lab_dir=lab_dir,
+        writable=(Path.cwd().resolve(), handoff),
+        caches=sandbox.default_caches(),
+        hidden=source_paths(profile.dataset),
+    )
+    return sandbox.wrap(["/bin/sh", "-c", command], plan=plan)
+
+
+def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, str] | None) -> int:
+    """Run, serve, check and score one attempt (see the module docstring). Returns the command's exit code."""
+    from nightlab.harness import integrity, sandbox, serve
+    from nightlab.harness.profiles import data_dir, load_lab_profile
+    from nightlab.harness.scorer import UnscorableModelError, score, write_json
+
+    run_dir = run_dir.resolve()
+    lab_dir = lab_dir.resolve()
+    out, handoff, received = _fresh_folders(run_dir)
+    profile = load_lab_profile(lab_dir)
+    budget = tier_budget(profile.budget_seconds)
+    grace = serve.grace_seconds(budget)
+    # the digests the files must keep: the controller's, else this process's view before the run
+    expected = digests if digests is not None else integrity.expected_digests()
+    argv, mode = _wrap(command, profile, lab_dir=lab_dir, handoff=handoff)
+    env = {k: v for k, v in os.environ.items() if k not in (HARNESS_DIGESTS_ENV, "NIGHTLAB_BUDGET")}
+    env[HANDOFF_ENV] = str(handoff)
+    result: dict[str, Any] = {"sandbox": mode, "budget_seconds": budget}
+    if mode == "none":
+        result["unsandboxed"] = sandbox.available()
+        print(f"nightlab harness: running unsandboxed ({sandbox.available()})", file=sys.stderr, flush=True)
+
+    # The batch server: train.py gets one end of a socket pair; the lab's profile (never the run's
+    # environment) sets the budget. NIGHTLAB_MAX_STEPS makes runs step-based in tests; the fleet strips it.
+    hand_in = _HandIn(handoff, received)
+    mine, theirs = socket.socketpair()
+    server = serve.BatchServer(
+        mine,
+        serve.ServerConfig(
+            data_dir(profile), profile.seq_len, budget, int(os.environ.get("NIGHTLAB_MAX_STEPS", "0") or 0)
+        ),
+        on_handin=hand_in.take,
+    )
+    serving = threading.Thread(target=server.serve, name="nightlab-batch-server", daemon=True)
+    serving.start()
+    env[serve.FD_ENV] = str(theirs.fileno())
+
+    code, wall = _run_train(argv, env, mine, theirs, serving)
     limit = budget + wall_allowance(budget)
     figures = server.figures()
-    clock = server.clock
     result.update(train_wall_seconds=round(wall, 3), wall_limit_seconds=round(limit, 3))
     train_py = Path.cwd() / "train.py"
     old = train_py.exists() and "hand_in" not in train_py.read_text(errors="replace")
@@ -303,33 +389,10 @@ def supervise(command: str, *, run_dir: Path, lab_dir: Path, digests: dict[str, 
         print(f"nightlab harness: the run is invalid: {reason}", file=sys.stderr, flush=True)
         return 0
 
-    if wall > limit:
-        return invalid(
-            f"the training process ran {wall:.1f} s, more than the budget {budget:g} s + allowance "
-            f"{wall_allowance(budget):g} s = {limit:g} s"
-        )
-    if server.error:
-        return invalid(f"train.py broke the batch server's protocol ({server.error})")
-    if clock.handed_in is None:
-        if (handoff / MODEL_FILE).exists() and not old:
-            return invalid("train.py wrote a model but never handed it in (call `hand_in(model, batches)`)")
-        return invalid(MIGRATE_HINT if old else "train.py never handed its model to the harness (`hand_in`)")
-    last = figures["last_served_at"] if figures["last_served_at"] is not None else 0.0
-    delay = figures["handed_in_at"] - last
-    result.update(handin_delay_seconds=round(delay, 3), handin_grace_seconds=round(grace, 3))
-    if delay > grace:
-        return invalid(
-            f"the model was handed in at {figures['handed_in_at']:.1f} s, {delay:.1f} s after the last batch "
-            f"was served at {last:.1f} s; the harness allows {grace:g} s for the last step, export and save: "
-            "it trained past the budget"
-        )
-    if copy_problem:
-        return invalid(copy_problem[0])
-    for name in (MODEL_FILE, HANDOFF_META):
-        # the run's folder (a later write) and the copy (unsandboxed, the run can reach it too)
-        if not _digest(handoff / name) == _digest(received / name) == taken[name]:
-            return invalid(f"the hand-in was rewritten after it was handed in (`{name}` changed)")
-    problem = integrity.verify(expected)
+    problem = _timing_problem(
+        result, server, wall=wall, budget=budget, grace=grace, figures=figures, handoff=handoff, old=old
+    )
+    problem = problem or hand_in.problem() or integrity.verify(expected)
     if problem:
         return invalid(problem)
     seed = os.environ.get("NIGHTLAB_SEED")

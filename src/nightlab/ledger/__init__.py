@@ -15,7 +15,8 @@ Contract (what every caller may rely on):
 
 Layout: `_schema` (SCHEMA_VERSION, MIGRATIONS), `_rows` (the frozen row dataclasses,
 `ExperimentStatus`, `Verdict`, `Outcome` (from `nightlab.outcome`), `AttemptEnd`, `Source`, decoders), `_base` (`BaseLedger`: the connection and every read),
-`_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_readonly`
+`_ledger` (`Ledger`: migrations and every write; `open_ledger`), `_agent_runs` (the agent
+supervisor's run and sessions, written through `Ledger`), `_readonly`
 (`ReadOnlyLedger`, the dashboard's), `_recover` (what a restore reads from a damaged ledger and writes back), `_trackers` (the experiment trackers' cursor and runs). Every SQL statement of nightlab lives in this package.
 """
 

@@ -19,11 +19,9 @@ from typing import Any
 
 from nightlab.errors import LedgerError, UnknownExperimentError
 from nightlab.ledger import _recover, _schema, integrity
+from nightlab.ledger._agent_runs import AgentRunWrites
 from nightlab.ledger._base import BaseLedger
 from nightlab.ledger._rows import (
-    AGENT_RUN_COUNTERS,
-    AGENT_RUN_JSON,
-    AgentRun,
     Attempt,
     AttemptEnd,
     Experiment,
@@ -41,7 +39,7 @@ from nightlab.ledger._rows import (
 from nightlab.ledger._trackers import TrackerWrites
 
 
-class Ledger(TrackerWrites, BaseLedger):
+class Ledger(AgentRunWrites, TrackerWrites, BaseLedger):
     """Read-write connection to one lab's ledger (see `nightlab.ledger` for the contract)."""
 
     def _connect(self) -> sqlite3.Connection:
@@ -509,61 +507,6 @@ class Ledger(TrackerWrites, BaseLedger):
                     (state, experiment_id, json.dumps(info), time.time(), name),
                 )
 
-    def start_agent_run(self, run: AgentRun) -> None:
-        """Record a new supervisor run (replacing the last one and its sessions) in one transaction."""
-        values = run.to_dict()
-        sessions = values.pop("sessions")
-        columns = list(values)
-        with self.transaction() as c:
-            c.execute(
-                f"INSERT OR REPLACE INTO agent_run (id, {', '.join(columns)})"
-                f" VALUES (1, {', '.join('?' * len(columns))})",
-                [_agent_value(k, values[k]) for k in columns],
-            )
-            c.execute("DELETE FROM agent_sessions")
-            for n, session in enumerate(sessions, 1):
-                c.execute(
-                    "INSERT INTO agent_sessions (n, data) VALUES (?, ?)",
-                    (n, json.dumps(session, default=str)),
-                )
-
-    def update_agent_run(self, *, add: dict[str, float] | None = None, **fields: Any) -> AgentRun:
-        """Set `fields` and add `add` to counters (`AGENT_RUN_COUNTERS`) in one transaction.
-
-        Returns the record as it is after this change, other writers' changes included.
-
-        Raises:
-            LedgerError: no supervisor run is recorded.
-            ValueError: a name that is not a field (or, in `add`, not a counter): a caller's bug.
-        """
-        add = add or {}
-        unknown = [k for k in fields if k not in _AGENT_FIELDS] + [
-            k for k in add if k not in AGENT_RUN_COUNTERS
-        ]
-        if unknown:
-            raise ValueError(f"not agent run fields: {', '.join(unknown)}")
-        sets = [f"{k} = ?" for k in fields] + [f"{k} = {k} + ?" for k in add]
-        args = [_agent_value(k, v) for k, v in fields.items()] + list(add.values())
-        with self.transaction() as c:
-            if sets:
-                changed = c.execute(f"UPDATE agent_run SET {', '.join(sets)} WHERE id = 1", args).rowcount
-            else:
-                changed = c.execute("SELECT COUNT(*) FROM agent_run WHERE id = 1").fetchone()[0]
-            if not changed:
-                raise LedgerError(f"ledger `{self.path}` has no agent supervisor run to update")
-        run = self.agent_run()
-        assert run is not None
-        return run
-
-    def add_agent_session(self, session: dict[str, Any]) -> None:
-        """Append one finished session to the run's sessions (its number is the next one)."""
-        with self.transaction() as c:
-            c.execute(
-                "INSERT INTO agent_sessions (n, data)"
-                " VALUES ((SELECT COALESCE(MAX(n), 0) + 1 FROM agent_sessions), ?)",
-                (json.dumps(session, default=str),),
-            )
-
     def recover(self, plan: _recover.RecoveryPlan) -> None:
         """Write what `nightlab doctor --restore` recovered (`nightlab.ledger._recover`) in one transaction."""
         with self.transaction() as c:
@@ -605,12 +548,3 @@ def open_ledger(lab_dir: Path, *, create: bool = False) -> Ledger:
     if create:
         os.makedirs(state, exist_ok=True)
     return Ledger(state / "ledger.db", create=create)
-
-
-_AGENT_FIELDS = frozenset(f for f in AgentRun.__dataclass_fields__ if f != "sessions")
-
-
-def _agent_value(key: str, value: Any) -> Any:
-    if key in AGENT_RUN_JSON and value is not None:
-        return json.dumps(list(value) if isinstance(value, tuple) else value, default=str)
-    return value

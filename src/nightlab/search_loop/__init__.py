@@ -111,29 +111,20 @@ def run_search(
     if waves is None and hours is None:
         raise UsageError("the search needs a budget: give --waves N or --hours H")
     dims = parse_spaces(lab, spaces)
-    tier = lab.check_tier(tier or lab.config.fleet.default_tier)
-    if screen_tier is not None:
-        lab.check_tier(screen_tier)
-        if screen_tier == tier:
-            raise UsageError(f"the screening tier `{screen_tier}` is the validation tier; name a cheaper one")
-    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better}
-    if strategy == "optuna":
-        options["sampler"] = sampler
-    checked = make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
-    size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
-    plan = SearchPlan(
-        strategy=strategy,
-        spaces=tuple(d.spec() for d in dims),
+    plan, options = _plan(
+        lab,
+        strategy,
+        dims,
         tier=tier,
         screen_tier=screen_tier,
-        wave_size=size,
-        top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
+        wave_size=wave_size,
+        top_k=top_k,
         repeats=repeats,
-        # pattern runs a within-noise best's repeats with its next wave: no round for them alone
-        # (with a screening tier, promoted candidates get their repeats on the validation tier)
-        settle=settle and not (checked.settles_in_next_wave(size) and screen_tier is None),
+        sampler=sampler,
+        settle=settle,
         effects_step=effects_step,
     )
+    size = plan.wave_size
     loop = _LabLoop(lab, plan, dims, poll=poll, note=note, progress=progress)
     loop.finish_adoption()
     history, done, pending = loop.replay()
@@ -163,3 +154,47 @@ def run_search(
         on_wave=on_wave,
         incumbent_values=lambda: loop.judge.values(lab.head_identity(), plan.tier),
     )
+
+
+def _plan(
+    lab: Lab,
+    strategy: str,
+    dims: list[Any],
+    *,
+    tier: str | None,
+    screen_tier: str | None,
+    wave_size: int | None,
+    top_k: int | None,
+    repeats: int,
+    sampler: str,
+    settle: bool,
+    effects_step: bool,
+) -> tuple[SearchPlan, dict[str, Any]]:
+    """Check the tiers and the strategy before anything runs; returns the search's plan and the
+    strategy's options."""
+    from nightlab.search.strategies import make_strategy
+
+    tier = lab.check_tier(tier or lab.config.fleet.default_tier)
+    if screen_tier is not None:
+        lab.check_tier(screen_tier)
+        if screen_tier == tier:
+            raise UsageError(f"the screening tier `{screen_tier}` is the validation tier; name a cheaper one")
+    options: dict[str, Any] = {"lower_is_better": lab.config.metric.lower_is_better}
+    if strategy == "optuna":
+        options["sampler"] = sampler
+    checked = make_strategy(strategy, dims, **options)  # a bad name or option fails before anything runs
+    size = wave_size or (1 if strategy == "greedy" else max(1, tier_slots(lab, screen_tier or tier)))
+    plan = SearchPlan(
+        strategy=strategy,
+        spaces=tuple(d.spec() for d in dims),
+        tier=tier,
+        screen_tier=screen_tier,
+        wave_size=size,
+        top_k=top_k if top_k is not None else lab.config.search.promote_top_k,
+        repeats=repeats,
+        # pattern runs a within-noise best's repeats with its next wave: no round for them alone
+        # (with a screening tier, promoted candidates get their repeats on the validation tier)
+        settle=settle and not (checked.settles_in_next_wave(size) and screen_tier is None),
+        effects_step=effects_step,
+    )
+    return plan, options

@@ -126,19 +126,13 @@ def run_loop(
     pending = resume_wave
     while True:
         if pending is None:
-            if waves is not None and index >= waves:
-                stopped = "waves"
-                break
-            if deadline is not None and clock() >= deadline:
-                stopped = "deadline"
+            spent = _budget_spent(waves, index, deadline, clock)
+            if spent is not None:
+                stopped = spent
                 break
             if incumbent_values is not None:
                 strategy.observe_incumbent(current, incumbent_values())
-            size = wave_size if first_wave_size is None or summaries else first_wave_size
-            if size < strategy.min_wave:
-                # the strategy's design needs a whole block (a two-level fraction): the runs in
-                # flight (the noise floor's repeats) queue behind a full wave instead
-                size = wave_size
+            size = _wave_size(strategy, wave_size, first_wave_size, first=not summaries)
             proposals = strategy.propose(current, past, size)
             if not proposals:
                 break
@@ -146,40 +140,90 @@ def run_loop(
         else:
             proposed = 0  # a resumed wave: its size is what comes back
         returned = [replace(o, wave=index) for o in wait_wave(pending)]
-        # a degraded run says nothing about its knobs (its re-run, in the wave, does)
-        observations = [o for o in returned if not o.degraded]
-        degraded = len(returned) - len(observations)
-        proposed = proposed or len(observations)
-        strategy.tell(observations)
-        winner, verdict = decide(pending, observations)
-        if incumbent_values is not None:
-            # the figure it was judged against now holds runs that finished with the wave (the
-            # noise floor's repeats, settle runs), which a resumed search would also see
-            strategy.observe_incumbent(current, incumbent_values())
-        if winner is not None:
-            adopt(winner)
-            current = {**current, **winner.knobs}
-            observations = [replace(o, adopted=o.id == winner.id) for o in observations]
-        past += observations
-        finished = [o for o in observations if o.value is not None]
-        best = None
-        if finished:
-            pick = min if strategy.lower_is_better else max
-            best = pick(finished, key=lambda o: o.value)
-        summary = WaveSummary(
+        summary, current, observations = _close_wave(
+            strategy,
+            returned,
             index=index,
             wave_id=pending,
             proposed=proposed,
-            finished=len(finished),
-            crashed=len(observations) - len(finished),
-            best=best,
-            adopted=winner,
-            verdict=verdict,
-            degraded=degraded,
+            current=current,
+            decide=decide,
+            adopt=adopt,
+            incumbent_values=incumbent_values,
         )
+        past += observations
         summaries.append(summary)
         if on_wave is not None:
             on_wave(summary)
         index += 1
         pending = None
     return LoopResult(tuple(summaries), current, stopped)
+
+
+def _budget_spent(
+    waves: int | None, index: int, deadline: float | None, clock: Callable[[], float]
+) -> str | None:
+    """Why no new wave starts ("waves", "deadline"), None while the budget lasts."""
+    if waves is not None and index >= waves:
+        return "waves"
+    if deadline is not None and clock() >= deadline:
+        return "deadline"
+    return None
+
+
+def _wave_size(strategy: BaseStrategy, wave_size: int, first_wave_size: int | None, *, first: bool) -> int:
+    """Proposals in the next wave: `first_wave_size` for this call's first wave when the strategy can
+    run that few, else `wave_size`."""
+    size = wave_size if first_wave_size is None or not first else first_wave_size
+    if size < strategy.min_wave:
+        # the strategy's design needs a whole block (a two-level fraction): the runs in
+        # flight (the noise floor's repeats) queue behind a full wave instead
+        size = wave_size
+    return size
+
+
+def _close_wave(
+    strategy: BaseStrategy,
+    returned: list[Observation],
+    *,
+    index: int,
+    wave_id: str,
+    proposed: int,
+    current: Knobs,
+    decide: Decide,
+    adopt: Adopt,
+    incumbent_values: Callable[[], Sequence[float]] | None,
+) -> tuple[WaveSummary, Knobs, list[Observation]]:
+    """Tell the strategy a wave's runs, judge it and adopt its winner; returns the wave's summary,
+    the incumbent after it and the wave's observations (the adopted one marked)."""
+    # a degraded run says nothing about its knobs (its re-run, in the wave, does)
+    observations = [o for o in returned if not o.degraded]
+    degraded = len(returned) - len(observations)
+    proposed = proposed or len(observations)
+    strategy.tell(observations)
+    winner, verdict = decide(wave_id, observations)
+    if incumbent_values is not None:
+        # the figure it was judged against now holds runs that finished with the wave (the
+        # noise floor's repeats, settle runs), which a resumed search would also see
+        strategy.observe_incumbent(current, incumbent_values())
+    if winner is not None:
+        adopt(winner)
+        current = {**current, **winner.knobs}
+        observations = [replace(o, adopted=o.id == winner.id) for o in observations]
+    finished = [o for o in observations if o.value is not None]
+    best = None
+    if finished:
+        pick = min if strategy.lower_is_better else max
+        best = pick(finished, key=lambda o: o.value)
+    summary = WaveSummary(
+        index=index,
+        wave_id=wave_id,
+        proposed=proposed,
+        finished=len(finished),
+        crashed=len(observations) - len(finished),
+        best=best,
+        adopted=winner,
+        verdict=verdict,
+        degraded=degraded,
+    )
+    return summary, current, observations
