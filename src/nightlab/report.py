@@ -165,34 +165,23 @@ def _progress_panel(
     kept = [e for e in mine if is_kept(e, adopted)]
     beat = [e for e in mine if e.verdict == Verdict.KEEP and e not in kept]
     rest = [e for e in mine if e not in kept and e not in beat]
+    layers = []
     for verdict, label, color, size, z in _OTHERS:
         group = [e for e in rest if e.verdict == verdict or (verdict is None and e.verdict not in _SHOWN)]
         if group:
-            ax.scatter(
-                [e.seq for e in group],
-                [e.metric(metric) for e in group],
-                s=size,
-                color=color,
-                label=label,
-                zorder=z,
-            )
+            layers.append((group, label, color, size, z))
     if beat:
+        layers.append((beat, "beat the incumbent, not adopted", "#8fd19e", 24, 3))
+    layers.append((kept, "kept", "#2a9d4b", 36, 3))  # always: its legend entry says none was kept
+    for runs, label, color, size, z in layers:
         ax.scatter(
-            [e.seq for e in beat],
-            [e.metric(metric) for e in beat],
-            s=24,
-            color="#8fd19e",
-            label="beat the incumbent, not adopted",
-            zorder=3,
+            [e.seq for e in runs],
+            [e.metric(metric) for e in runs],
+            s=size,
+            color=color,
+            label=label,
+            zorder=z,
         )
-    ax.scatter(
-        [e.seq for e in kept],
-        [e.metric(metric) for e in kept],
-        s=36,
-        color="#2a9d4b",
-        label="kept",
-        zorder=3,
-    )
     _incumbent_steps(ax, kept, [e.seq for e in mine], config)
     note = trust_note(mine, builtin=config.target.builtin)
     ax.set_title(
