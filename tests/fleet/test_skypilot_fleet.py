@@ -837,12 +837,11 @@ def test_a_builtin_run_on_a_cluster_is_scored_by_the_harness_there(tmp_path, mon
     lab = tmp_path / "lab"
     cli_run("prepare", cwd=lab, timeout=300)
     toml = lab / "nightlab.toml"
-    pool = '[[fleet.pool]]\nbackend = "skypilot"\ntier = "h100"\naccelerators = "H100:1"\nworkers = 2\n'
-    toml.write_text(
-        toml.read_text()
-        .replace("[search]", pool + "\n[search]")
-        .replace("[fleet]\n", "[fleet]\noversubscribe = true\n")
-    )
+    # one worker: the two runs train one after the other. Side by side, beside another test file's
+    # process (two xdist workers on 2 cores), the honest run's last step, export and save took
+    # 10.7 s against its 10.08 s hand-in grace and the harness rightly called it invalid (ci6).
+    pool = '[[fleet.pool]]\nbackend = "skypilot"\ntier = "h100"\naccelerators = "H100:1"\nworkers = 1\n'
+    toml.write_text(toml.read_text().replace("[search]", pool + "\n[search]"))
     from nightlab.fleet.sky_task import worker_yaml
 
     yaml = worker_yaml(lab)  # the worker's data: prepared here (set-up is simulated by the fake)
