@@ -1117,3 +1117,30 @@ def test_a_bad_pipeline_option_is_refused(value):
     pool = PoolConfig(backend="skypilot", tier="h200", slots=1, options={"pipeline": json.loads(value)})
     with pytest.raises(UsageError, match="pipeline = .*use true, false"):
         skypilot.skypilot_slots(pool)
+
+
+def test_a_worker_yaml_that_loosens_the_measurement_is_refused_at_fleet_up_and_at_launch(
+    make_lab, fake, capsys
+):
+    """fleet/skypilot.yaml's `envs` reach every task on the workers: a `NIGHTLAB_WALL_ALLOWANCE` or
+    `NIGHTLAB_HANDIN_GRACE` there would widen the harness's clock for every run (the local fleet strips
+    them from the controller's shell; only the controller sets a run's budget)."""
+    from nightlab.fleet.sky_task import worker_yaml
+
+    lab = make_lab(1, timeout=20, extra_pools=ONE_WORKER)
+    yaml = worker_yaml(lab)
+    clean = yaml.read_text()
+    yaml.write_text(clean.replace("envs:\n", "envs:\n  NIGHTLAB_WALL_ALLOWANCE: '9999'\n"))
+    code, _, err = cli(capsys, "fleet", "up", "--lab", str(lab))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "`NIGHTLAB_WALL_ALLOWANCE` in `envs`" in err and "remove it" in err
+    assert fake.clusters == {}
+    # written after `fleet up`, in the night: the run it would have loosened is invalid, not measured
+    yaml.write_text(clean)
+    assert cli(capsys, "fleet", "up", "--lab", str(lab))[0] == 0
+    yaml.write_text(clean.replace("envs:\n", "envs:\n  NIGHTLAB_HANDIN_GRACE: '999'\n"))
+    eid = submit(lab, "loosened", "h200", SLEEP="1")
+    with ControllerThread(lab):
+        exps = finished(lab, [eid], timeout=60)
+    assert exps[eid].outcome == "invalid" and "NIGHTLAB_HANDIN_GRACE" in exps[eid].detail
+    assert not any(_jobs_of(fake).values())  # nothing reached a worker

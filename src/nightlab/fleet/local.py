@@ -28,17 +28,10 @@ from typing import Any
 from nightlab import procs
 from nightlab.config import PoolConfig
 from nightlab.fleet.backend import BaseBackend, RunExit, RunSpec, WorkerSlot
+from nightlab.harness.names import MEASUREMENT_OVERRIDES
 from nightlab.lifecycle import alive
 from nightlab.snapshots import materialise
 
-MEASUREMENT_OVERRIDES = (
-    "NIGHTLAB_BUDGET",
-    "NIGHTLAB_MAX_STEPS",
-    "NIGHTLAB_SKIP_EVAL",
-    "NIGHTLAB_TIER_BUDGET",
-    "NIGHTLAB_HANDIN_GRACE",  # the supervisor's test-only loosenings: a shell that has them set
-    "NIGHTLAB_WALL_ALLOWANCE",  # must not widen the fleet's measured runs
-)
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 

@@ -35,6 +35,7 @@ from nightlab.config import PoolConfig
 from nightlab.errors import NightlabError, UsageError
 from nightlab.fleet.backend import RunSpec
 from nightlab.fleet.build import Wheel, build_wheel
+from nightlab.harness.names import MEASUREMENT_OVERRIDES
 from nightlab.snapshots import git
 
 if TYPE_CHECKING:
@@ -160,6 +161,15 @@ def load_worker_config(lab_dir: Path) -> dict[str, Any]:
         raise UsageError(f"`{path}` is not valid YAML: {str(e).splitlines()[0]}; fix it or delete it") from e
     if not isinstance(doc, dict):
         raise UsageError(f"`{path}` must be a SkyPilot task (a YAML mapping); fix it or delete it")
+    # every task (set-up, each run, the resident runner) takes the YAML's envs: one of these there
+    # would widen the harness's clock or budget on every worker, as a shell's would locally
+    envs = doc.get("envs") if isinstance(doc.get("envs"), dict) else {}
+    loosening = [str(k) for k in envs if str(k) in MEASUREMENT_OVERRIDES]
+    if loosening:
+        raise UsageError(
+            f"`{path}` sets `{loosening[0]}` in `envs`, which would change what every run on the "
+            "workers measures (only the controller sets it, per run); remove it"
+        )
     return doc
 
 

@@ -22,6 +22,18 @@ HANDOFF_ENV = "NIGHTLAB_HANDOFF_DIR"  # set by the supervisor: where the model g
 MODEL_FILE = "model.pt2"
 HANDOFF_META = "handoff.json"
 
+# Variables that change what a run measures (budget, steps, eval, the supervisor's test-only
+# widenings of its clock). Only the controller may give a run one (a rung's budget); the fleet
+# strips them from a shell that has them set and refuses a worker YAML that sets them.
+MEASUREMENT_OVERRIDES = (
+    "NIGHTLAB_BUDGET",
+    "NIGHTLAB_MAX_STEPS",
+    "NIGHTLAB_SKIP_EVAL",
+    "NIGHTLAB_TIER_BUDGET",
+    "NIGHTLAB_HANDIN_GRACE",
+    "NIGHTLAB_WALL_ALLOWANCE",
+)
+
 
 def exit_now(code: int) -> None:
     """Leave at once: flush and `os._exit`, skipping the interpreter's teardown.

@@ -44,8 +44,12 @@ def fleet_up(
         One dict per worker (worker, cluster, state, detail, gpu_name, hourly_price).
 
     Raises:
-        UsageError: the lab has no skypilot pool, or SkyPilot is not installed.
+        UsageError: the lab has no skypilot pool, SkyPilot is not installed, or fleet/skypilot.yaml
+            is not a task nightlab can run (checked before any launch).
     """
+    from nightlab.fleet.sky_task import load_worker_config
+
+    load_worker_config(lab_dir)  # a bad worker YAML is the user's to fix: exit 2, not N failed launches
     return _run(lab_dir, sdk, lambda backend: backend.up(relaunch=relaunch, on_change=on_change))
 
 
