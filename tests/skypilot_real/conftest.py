@@ -102,6 +102,8 @@ class Background:
         proc = subprocess.CompletedProcess(self.argv, code, self.stdout.read_text(), self.stderr.read_text())
         if code != 0:
             raise AssertionError(f"`{what}` -> {code}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        if not proc.stdout.strip():  # every command started here prints JSON; seen once under xdist
+            raise AssertionError(f"`{what}` exited 0 with no output; stderr:\n{proc.stderr[-3000:]}")
         return proc
 
     def stop(self) -> None:

@@ -77,7 +77,6 @@ def test_fleet_up_launches_and_sets_up_both_clusters(lab, env, slurm_lab):
     from nightlab.fleet.build import code_hash
 
     up = slurm_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
-    assert up.stdout.strip(), f"`fleet up --json` exited 0 with no output; stderr:\n{up.stderr[-3000:]}"
     rows = json.loads(up.stdout)
     assert [(r["worker"], r["state"]) for r in rows] == [(w, "up") for w in WORKERS], up.stderr
     status = json.loads(cli(lab, env, "fleet", "status", "--json").stdout)

@@ -45,7 +45,6 @@ def test_a_4_gpu_node_runs_8_experiments_4_at_a_time_each_on_its_own_gpu(lab, en
     from nightlab.ledger import open_ledger
 
     up = gpu_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
-    assert up.stdout.strip(), f"`fleet up --json` exited 0 with no output; stderr:\n{up.stderr[-3000:]}"
     (row,) = json.loads(up.stdout)
     assert (row["state"], row["slots"]) == ("up", 4), up.stderr
     assert row["runner"] == "4 of 4 lanes ready", row
