@@ -51,3 +51,21 @@ def test_the_real_services_folder_runs_first_on_one_worker_and_other_files_sprea
     assert (record / f"order-{worker['ta']}").read_text().split()[:2] == ["ta", "tb"]  # started first
     assert worker["ta"] == worker["tb"]  # one unit of work: one worker, one session fixture
     assert len(set(worker.values())) == 2  # the rest still spreads over both
+
+
+def test_the_real_services_go_when_their_folder_ends_not_with_the_session():
+    """The local Slurm cluster and API server (~1 GiB, a busy server) are torn down before the next
+    folder's first test: its fixtures are package-scoped, which needs tests/skypilot_real/__init__.py."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--setup-plan", "-q", "-p", "no:cacheprovider"]
+        + ["tests/skypilot_real", "tests/core/test_scheduling.py"],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    down = next(i for i, line in enumerate(lines) if line.split() == ["TEARDOWN", "P", "local_sky"])
+    after = next(i for i, line in enumerate(lines) if "tests/core/test_scheduling.py::" in line)
+    assert down < after

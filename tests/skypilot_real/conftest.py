@@ -1,4 +1,4 @@
-"""The real SkyPilot on a real local Slurm cluster, once per test session (see localsky.py).
+"""The real SkyPilot on a real local Slurm cluster, once per run of this folder (see localsky.py).
 
 Runs in `make test`. When the machine lacks something the fixture cannot install itself
 (`localsky.missing`), the run says so before the first test and the tests skip, or fail with
@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(items) -> None:
         items[i] = item
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def local_sky(watchdog):
     """A running LocalSky: `local_sky.environ()` is the environment to run nightlab and sky in."""
     local = LocalSky(cpus=NODE_CPUS, watchdog=watchdog)
@@ -180,7 +180,7 @@ def _lab(root: Path, *, timeout: int, files: dict[str, str]) -> Path:
     return lab
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def slurm_lab(request, tmp_path_factory, local_sky, watchdog):
     """test_fleet_on_slurm.py's lab: 2 workers on the local Slurm cluster, synthetic target.
 
@@ -218,7 +218,7 @@ def slurm_lab(request, tmp_path_factory, local_sky, watchdog):
         it.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gpu_lab(tmp_path_factory, local_sky, watchdog):
     """test_gpu_slots_on_slurm.py's lab: one `H100:4` cluster (4 slots), each run showing its lane."""
     root = tmp_path_factory.mktemp("gpus")
@@ -237,7 +237,7 @@ def gpu_lab(tmp_path_factory, local_sky, watchdog):
         it.down()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _launches_at_once(request):
     """Start the `fleet up` of every lab this run's tests use, together, before the first test."""
     files = {item.path.name for item in request.session.items}
