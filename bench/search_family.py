@@ -58,7 +58,9 @@ full runs ended, instead of its short value; `+pipe` ends a screened wave with i
 promoted full runs still going are judged, against the incumbent of that moment, with the wave in
 which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
 was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) was read
-once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model.
+once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model;
+`heldout10` (h72-h79 = member seeds 1072-1079, seeds 1000-1019) judges the climb at the 1/10 rung
+with the measured fit and each measured rung's own cost, read once, at the end (session 34).
 
 `NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
 waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
@@ -66,7 +68,7 @@ runs at once, and only the full-budget adoptions they confirm (today's rule on f
 count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
 on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
            [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--patience 2] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
@@ -399,6 +401,11 @@ HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
 # 2026-12-03 (seeds 900-909, `pattern,pattern@climb+polish --fidelity-from ... --levers`); a
 # later change needs a new set.
 HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
+# `heldout9` was read for `pattern@climb+polish` at 1/3 with the measured fit. `heldout10` (h72-h79
+# = member seeds 1072-1079, seeds 1000-1019) judges the climb at the 1/10 rung with the measured
+# fit and each measured rung's own cost (issue 34, session 34, helper `fid10`), read once, at the
+# end, for the design tuned on dev; a later change needs a new set.
+HELDOUT10_MEMBERS = [f"h{i}" for i in range(72, 80)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -410,6 +417,7 @@ SETS = {
     "heldout7": (HELDOUT7_MEMBERS, range(700, 720)),
     "heldout8": (HELDOUT8_MEMBERS, range(800, 820)),
     "heldout9": (HELDOUT9_MEMBERS, range(900, 920)),
+    "heldout10": (HELDOUT10_MEMBERS, range(1000, 1020)),
 }
 
 
@@ -421,7 +429,9 @@ def member(name: str) -> Member:
         return make_member(int(name[1:]), name)
     if name[:1] == "h" and name[1:].isdigit():
         return make_member(1000 + int(name[1:]), name)
-    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h48..h55 held out)")
+    sys.exit(
+        f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (the held-out sets' members)"
+    )
 
 
 # --- the in-memory lab --------------------------------------------------------------------------
