@@ -2,7 +2,8 @@
 
 The one-`overhead` line (b + o) / (1 + o) through the measured rungs charges a 1/10 run 0.384 of a
 full one and a 1/3 run 0.543 where they cost 0.376 and 0.549 (bench/rung_fidelity_2026-12-03.jsonl):
-`--fidelity-from` and `cost@F=R` give the family each measured rung's own cost. Runs nothing."""
+`--fidelity-from` and `cost@F=R` give the family each measured rung's own cost. Also: the summary
+table counts greedy x1's wrong keeps apart from a strategy named `greedy`."""
 
 from __future__ import annotations
 
@@ -57,3 +58,27 @@ def test_the_text_form_overrides_the_file_and_bad_fields_are_refused() -> None:
     for bad in ("lr_shfit=1", "cost@1.5=0.3", "cost@0.1=0", "overhead", "overhead=x"):
         with pytest.raises(ValueError, match="--fidelity"):
             family.build_fidelity(bad)
+
+
+def test_greedy_x1_s_wrong_keeps_are_not_a_greedy_strategy_s(monkeypatch, capsys) -> None:
+    """sim seed 4: greedy x1 adopts one worse point in 60 runs; greedy at 16 workers none in 2 waves.
+    The summary once counted both in one `wrong["greedy"]`, so each row showed their sum."""
+    argv = [
+        "search_family.py",
+        "--members",
+        "sim",
+        "--seeds",
+        "4",
+        "--strategies",
+        "greedy",
+        "--max-waves",
+        "2",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    family.main()
+    rows = {
+        line.split("  ")[0].strip(): line.split()[-1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip()
+    }
+    assert rows["greedy x1"] == "1" and rows["greedy"] == "0"
