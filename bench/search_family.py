@@ -48,16 +48,19 @@ short run ends in the top third of what the rung has seen, ahead of the incumben
 full runs at once), as `nightlab search --screen-tier` does; only full runs are judged, and every
 strategy is still judged on the full-budget truth. A short run's value comes from `Fidelity`
 (the LR optimum moves up as the budget shrinks, size is penalised, noise grows as b ** -0.5; a
-short run costs (b + 0.2) / 1.2 of a full one). Those parameters are ASSUMED: issue 34's item 3
-measurement (bench/rung_fidelity.py; `--fidelity-from` fits them to its results) is to replace
-them; its 2026-12-03 runs were mostly starved on the shared box, too few healthy to fit.
+short run costs (b + 0.2) / 1.2 of a full one). Those defaults are ASSUMED; issue 34's item 3
+measured them (bench/rung_fidelity_2026-12-03.jsonl, 108 healthy runs): `--fidelity-from` that
+file fits the fields and charges each measured rung its measured cost (1/10: 0.376 of a full
+run, 1/3: 0.549; `Fidelity.cost`), `--fidelity K=V,...,cost@F=R` sets them by hand.
 A wave of an `@screen` strategy proposes workers x (full / short cost) x `--screen-wave` ideas
 (0: workers). `+full` (`pattern@screen+full`) tells the strategy a promoted configuration's full-run mean, once its
 full runs ended, instead of its short value; `+pipe` ends a screened wave with its short round:
 promoted full runs still going are judged, against the incumbent of that moment, with the wave in
 which they end, and the next short round runs beside them. `heldout8` (h56-h63, seeds 800-819)
 was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900-919) was read
-once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model.
+once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model;
+`heldout10` (h72-h79 = member seeds 1072-1079, seeds 1000-1019) judges the climb at the 1/10 rung
+with the measured fit and each measured rung's own cost, read once, at the end (session 34).
 
 `NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
 waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
@@ -65,10 +68,11 @@ runs at once, and only the full-budget adoptions they confirm (today's rule on f
 count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
 on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
-           [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
+           [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--patience 2] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
+           [--fidelity-from bench/rung_fidelity_2026-12-03.jsonl]
 """
 
 from __future__ import annotations
@@ -397,6 +401,11 @@ HELDOUT8_MEMBERS = [f"h{i}" for i in range(56, 64)]
 # 2026-12-03 (seeds 900-909, `pattern,pattern@climb+polish --fidelity-from ... --levers`); a
 # later change needs a new set.
 HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
+# `heldout9` was read for `pattern@climb+polish` at 1/3 with the measured fit. `heldout10` (h72-h79
+# = member seeds 1072-1079, seeds 1000-1019) judges the climb at the 1/10 rung with the measured
+# fit and each measured rung's own cost (issue 34, session 34, helper `fid10`), read once, at the
+# end, for the design tuned on dev; a later change needs a new set.
+HELDOUT10_MEMBERS = [f"h{i}" for i in range(72, 80)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -408,6 +417,7 @@ SETS = {
     "heldout7": (HELDOUT7_MEMBERS, range(700, 720)),
     "heldout8": (HELDOUT8_MEMBERS, range(800, 820)),
     "heldout9": (HELDOUT9_MEMBERS, range(900, 920)),
+    "heldout10": (HELDOUT10_MEMBERS, range(1000, 1020)),
 }
 
 
@@ -419,7 +429,9 @@ def member(name: str) -> Member:
         return make_member(int(name[1:]), name)
     if name[:1] == "h" and name[1:].isdigit():
         return make_member(1000 + int(name[1:]), name)
-    sys.exit(f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (h48..h55 held out)")
+    sys.exit(
+        f"unknown member `{name}`; use sim, dN (d0..d11 in the dev set) or hN (the held-out sets' members)"
+    )
 
 
 # --- the in-memory lab --------------------------------------------------------------------------
@@ -632,10 +644,10 @@ class Fidelity:
     here); `batch_penalty` the same for 4x the total batch, per coded BATCH unit (2.5 doublings);
     `noise_exp` how the seed noise grows against the configurations' spread at that budget;
     `overhead` from a short run's wall time against a full one's. `--fidelity-from FILE` applies
-    that fit to a results file. The defaults below are still the ASSUMED values (bench/RESULTS.md,
-    2026-12-03): on the shared 2-core box most of the grid's runs were starved (`degraded` by the
-    fleet's health rule, or handed in past the grace); the 24 healthy ones (seed 0, 5-9
-    configurations a budget) are too few for a fit, so none replaces them yet.
+    that fit to a results file, and `costs` to each measured rung's own cost (the one-`overhead`
+    line through two rungs misses each by up to 0.008). The defaults below are the ASSUMED values
+    of issue 34's first sessions; the measured ones (2026-12-03, 108 healthy runs) come from
+    `--fidelity-from bench/rung_fidelity_2026-12-03.jsonl`.
     """
 
     lr_shift: float = 0.4
@@ -643,6 +655,25 @@ class Fidelity:
     noise_exp: float = 0.5
     overhead: float = 0.2
     batch_penalty: float = 0.0
+    # measured costs: (budget fraction, a run's wall time relative to a full run's), as
+    # bench/rung_fidelity.py's `costs` gives them; a rung measured here is charged what it cost
+    costs: tuple[tuple[float, float], ...] = ()
+
+    def cost(self, b: float) -> float:
+        """A run at budget fraction b relative to a full one: the measured cost of that rung when
+        `costs` has it (within 0.005 of b: 0.333 is the 1/3 rung), linear between two measured
+        rungs (wall time is linear in training time: bench/rung_fidelity.py's `wall_fit`), else
+        (b + overhead) / (1 + overhead)."""
+        if b >= 1.0:
+            return 1.0
+        points = sorted({**dict(self.costs), 1.0: 1.0}.items())
+        for f, c in points:
+            if abs(f - b) <= 0.005:
+                return c
+        for (f0, c0), (f1, c1) in zip(points, points[1:], strict=False):
+            if f0 < b < f1:
+                return c0 + (c1 - c0) * (b - f0) / (f1 - f0)
+        return (b + self.overhead) / (1 + self.overhead)
 
 
 SIZE_ROLES = ("WIDTH", "DEPTH", "MLP_RATIO")
@@ -885,7 +916,7 @@ class ClimbSim(Sim):
 def short_outcome(m: Member, v: Mapping[str, object], f: float, fid: Fidelity, rng: np.random.Generator):
     """A run of `v` at budget fraction `f`: its value (None when it crashed) and its time."""
     full = m.seconds(v)
-    cost = (f + fid.overhead) / (1 + fid.overhead)
+    cost = fid.cost(f)
     crashed = m.crash(v)
     if crashed is not None:
         return None, full * min(cost, 0.05 if crashed == "oom" else 0.3)
@@ -964,7 +995,7 @@ def search(
         fraction, _, fid, _ = screen
         sim = ClimbSim(m, fraction=fraction, fid=fid, workers=workers, seed=seed, settle=settle, t0=t0)
         # a wave is a round of short runs: the same number of waves covers less time
-        waves = math.ceil(waves * (1 + fid.overhead) / (fraction + fid.overhead))
+        waves = math.ceil(waves / fid.cost(fraction))
     elif variant.startswith("screen"):
         extras = set(variant.split("+")[1:])
         if screen is None or variant.split("+")[0] != "screen" or extras - {"full", "pipe"}:
@@ -1034,9 +1065,8 @@ def search(
     logged: set[str] = set()
     size = workers if name != "greedy" else 1
     if isinstance(sim, ScreenSim) and name != "greedy":
-        # a short run costs (f + o) / (1 + o) of a full one: the same workers try that many more ideas
-        f, o = sim.fraction, sim.fid.overhead
-        size = max(size, round(workers * (1 + o) / (f + o) * sim.wave_scale))
+        # a short run costs fid.cost(f) of a full one: the same workers try that many more ideas
+        size = max(size, round(workers / sim.fid.cost(sim.fraction) * sim.wave_scale))
     started = time.process_time()
     done = 0
     try:
@@ -1179,6 +1209,52 @@ def print_levers(rows: Mapping[str, list[dict[str, float]]]) -> None:
 # --- the bench ----------------------------------------------------------------------------------
 
 
+def build_fidelity(text: str, results: str | None = None) -> Fidelity:
+    """The short-run model of `--fidelity K=V,...` over `--fidelity-from FILE`.
+
+    FILE (bench/rung_fidelity.py's results) gives `rung_fidelity.fidelity_fit`'s fields and each
+    measured rung's cost (`costs`: its mean wall time against a full run's), so a rung that was
+    measured is charged what it cost, not the one-`overhead` line through both rungs. In TEXT,
+    `cost@F=R` sets the cost of the rung at budget fraction F (`cost@0.1=0.376`); other keys are
+    `Fidelity`'s fields and override FILE's."""
+    fields: dict[str, float] = {}
+    costs: dict[float, float] = {}
+    if results:  # bench/rung_fidelity.py's results: the fit it prints, recomputed
+        from rung_fidelity import costs as measured_costs
+        from rung_fidelity import fidelity_fit, read_rows
+
+        rows = read_rows(Path(results))
+        fields = fidelity_fit(rows)
+        costs = {f: c["relative"] for f, c in measured_costs(rows).items() if f < 1}
+    names = {f.name for f in Fidelity.__dataclass_fields__.values()} - {"costs"}
+    for kv in (kv for kv in text.split(",") if kv.strip()):
+        k, eq, v = kv.partition("=")
+        k = k.strip()
+        try:
+            number = float(v)
+        except ValueError:
+            number = math.nan
+        if not eq or math.isnan(number):
+            raise ValueError(
+                f"--fidelity: `{kv}` is not K=NUMBER (K one of {', '.join(sorted(names))}, or cost@F)"
+            )
+        if k.startswith("cost@"):
+            try:
+                f = float(k[5:])
+            except ValueError:
+                f = math.nan
+            if not 0 < f < 1 or not 0 < number <= 1:
+                raise ValueError(f"--fidelity: `{kv}`: use cost@F=R with F in (0, 1) and R in (0, 1]")
+            costs[f] = number
+        elif k in names:
+            fields[k] = number
+        else:
+            raise ValueError(
+                f"--fidelity: unknown field `{k}`; use one of {', '.join(sorted(names))} or cost@F"
+            )
+    return Fidelity(**fields, costs=tuple(sorted(costs.items())))
+
+
 def _seeds(text: str) -> list[int]:
     first, _, last = text.partition("-")
     return list(range(int(first), int(last or first) + 1))
@@ -1216,10 +1292,17 @@ def main() -> None:
         help="NAME@screen: proposals per wave = workers x (full / short run cost) x this (0: workers)",
     )
     parser.add_argument(
+        "--patience",
+        type=int,
+        default=2,
+        help="NAME@climb+polish: stop the climb once the rung adopted nothing for this many waves",
+    )
+    parser.add_argument(
         "--fidelity",
         default="",
         metavar="K=V,...",
-        help="Fidelity fields (lr_shift, size_penalty, noise_exp, overhead); defaults are assumptions",
+        help="Fidelity fields (lr_shift, size_penalty, batch_penalty, noise_exp, overhead) and measured rung "
+        "costs (cost@0.1=0.376); defaults are assumptions",
     )
     parser.add_argument(
         "--fidelity-from",
@@ -1240,15 +1323,12 @@ def main() -> None:
     strategies = [s for s in args.strategies.split(",") if s]
     options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
     members = [member(n) for n in names]
-    measured: dict[str, float] = {}
-    if args.fidelity_from:  # bench/rung_fidelity.py's results: the fit it prints, recomputed
-        from rung_fidelity import fidelity_fit, read_rows
-
-        measured = fidelity_fit(read_rows(Path(args.fidelity_from)))
-    given = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.fidelity.split(",") if kv)}
-    fid = Fidelity(**{**measured, **given})
-    if not 0 < args.screen_fraction < 1 or args.eta < 2:
-        sys.exit("--screen-fraction must be in (0, 1) and --eta at least 2")
+    try:
+        fid = build_fidelity(args.fidelity, args.fidelity_from)
+    except ValueError as e:
+        parser.error(str(e))
+    if not 0 < args.screen_fraction < 1 or args.eta < 2 or args.patience < 1:
+        parser.error("--screen-fraction must be in (0, 1), --eta at least 2 and --patience at least 1")
     screen = (args.screen_fraction, args.eta, fid, args.screen_wave)
     if args.describe:
         for m in members:
@@ -1257,12 +1337,12 @@ def main() -> None:
 
     records = []
     table: dict[str, dict[str, list[float]]] = {s: {} for s in strategies}
-    wrong = {s: 0 for s in ["greedy", *strategies]}
+    wrong = {s: 0 for s in ["greedy x1", *strategies]}  # greedy x1 apart from a strategy named greedy
     lever_rows: dict[str, list[dict[str, float]]] = {}
     for m in members:
         for seed in seeds:
             g = search(m, "greedy", workers=1, seed=seed, waves=args.budget)
-            wrong["greedy"] += g.wrong
+            wrong["greedy x1"] += g.wrong
             target = g.truths[-1] + args.tolerance * g.final_sd
             g_time = g.time_to(target)
             for s in strategies:
@@ -1277,6 +1357,7 @@ def main() -> None:
                     options=options if s == strategies[0] else None,
                     floor=args.floor,
                     screen=screen,
+                    patience=args.patience,
                 )
                 wrong[s] += p.wrong
                 t = p.time_to(target)
@@ -1329,7 +1410,7 @@ def main() -> None:
         + (f"; rolling waves at {args.rolling:g}" if args.rolling else "; synchronous waves")
     )
     print(f"{'strategy':<12}{'median of members':>18}{'worst member':>22}{'reached':>10}{'wrong keeps':>13}")
-    print(f"{'greedy x1':<12}{'1.0x':>18}{'':>22}{'':>10}{wrong['greedy']:>13}")
+    print(f"{'greedy x1':<12}{'1.0x':>18}{'':>22}{'':>10}{wrong['greedy x1']:>13}")
     for s in strategies:
         per = {n: statistics.median(v) for n, v in table[s].items()}
         if not per:  # no member had a race to time (greedy never beat the start)
