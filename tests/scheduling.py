@@ -1,4 +1,4 @@
-"""How `make test` (two workers where there are two cores) hands files to pytest-xdist workers (a pytest plugin, loaded by conftest.py).
+"""How `make test TEST_WORKERS=2` hands files to pytest-xdist workers (a pytest plugin, loaded by conftest.py).
 
 `--dist loadfile` gives each worker whole files, so a file's module fixtures are built once. Some
 folders share a session fixture too costly to start twice: the real Slurm cluster and SkyPilot API
@@ -30,7 +30,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 # The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03).
-# `make test` runs two pytest-xdist workers that take whole files in collection order
+# `make test TEST_WORKERS=2` runs two pytest-xdist workers that take whole files in collection order
 # (`--dist loadfile --no-loadscope-reorder`): started first, the long files run beside the many short
 # ones instead of leaving one worker alone at the end. A scheduling hint only: a file missing here
 # runs all the same.
