@@ -1,10 +1,10 @@
 """How `make test TEST_WORKERS=2` hands files to pytest-xdist workers (a pytest plugin, loaded by conftest.py).
 
 `--dist loadfile` gives each worker whole files, so a file's module fixtures are built once. Some
-folders share a session fixture too costly to start twice: the real Slurm cluster and SkyPilot API
+folders share a fixture too costly to start twice: the real Slurm cluster and SkyPilot API
 server of tests/skypilot_real (~100 s to start, ~1 GiB), which two workers would each bring up side
 by side on a 2-core machine. Each `ONE_WORKER` folder is therefore one unit of work: its files run
-on one worker, one after the other, sharing that session.
+on one worker, one after the other, sharing it.
 """
 
 from __future__ import annotations

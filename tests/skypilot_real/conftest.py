@@ -4,7 +4,7 @@ Runs in `make test`. When the machine lacks something the fixture cannot install
 (`localsky.missing`), the run says so before the first test and the tests skip, or fail with
 `CI` set (tests/needs.py; `.ci/install-test-deps` installs the Debian packages, `make install`
 the pinned `skypilot[slurm]` extra); a cluster that fails to start fails them everywhere. Everything the
-fixture starts is stopped by PID at the end of the session, also after a failed test or a
+fixture starts is stopped by PID when the folder's last test ends, also after a failed test or a
 failed start, and when the run is stopped: SIGTERM runs the finalizer like Ctrl-C, and if pytest
 dies without it (SIGKILL) the session's watchdog reaps the run (tests/services.py).
 

@@ -3,9 +3,9 @@
 The fixture's node declares `Gres=gpu:h100:4` (gres.conf names 4 empty files as the devices:
 localsky.py), enough for Slurm and SkyPilot to schedule and count GPUs. A pool of one
 `H100:4` cluster runs 8 experiments: 4 at a time, each with its own GPU index, through one
-resident runner per GPU (each a SkyPilot job asking for one GPU). Reuses the session's
-`local_sky` (conftest.py); its own lab and cluster (conftest.py's `gpu_lab`, launched at the
-session's start beside the other file's), torn down at the end. This file runs first.
+resident runner per GPU (each a SkyPilot job asking for one GPU). Reuses the folder's
+`local_sky` (conftest.py); its own lab and cluster (conftest.py's `gpu_lab`, launched before the
+folder's first test beside the other file's), torn down at the end. This file runs first.
 Run: `pytest -q tests/skypilot_real/test_gpu_slots_on_slurm.py` (as root; minutes).
 """
 
@@ -30,7 +30,7 @@ def env(gpu_lab) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lab(gpu_lab):
-    """The session's 4-GPU lab (conftest.py), its `fleet up` under way; torn down at this file's end,
+    """The folder's 4-GPU lab (conftest.py), its `fleet up` under way; torn down at this file's end,
     before the other file's `fleet down` test looks for anything left of the run."""
     yield gpu_lab.path
     gpu_lab.down()
@@ -44,7 +44,7 @@ def _cli(lab: Path, env: dict[str, str], *args: str, timeout: float = 120) -> su
 def test_a_4_gpu_node_runs_8_experiments_4_at_a_time_each_on_its_own_gpu(lab, env, gpu_lab):
     from nightlab.ledger import open_ledger
 
-    up = gpu_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
+    up = gpu_lab.up.result(timeout=1200)  # `fleet up --json`, begun before the first test
     (row,) = json.loads(up.stdout)
     assert (row["state"], row["slots"]) == ("up", 4), up.stderr
     assert row["runner"] == "4 of 4 lanes ready", row
