@@ -4,7 +4,7 @@ A lab whose pool is `backend = "skypilot"`, `infra = "slurm/localslurm"`, 2 work
 synthetic target; the nightlab CLI runs in subprocesses pointed at the fixture's API server
 (conftest.py, localsky.py). The clusters install nightlab the default way: the wheel the
 controller builds of itself, shipped with the cluster task. The tests share one lab (built in
-conftest.py, whose `fleet up` starts with the session) and run in file order: up, the
+conftest.py, whose `fleet up` starts before the folder's first test) and run in file order: up, the
 conformance suite, the wave (with a preemption and a SIGKILLed controller), down. The
 conformance suite comes before the wave: the wave's preemption leaves one cluster lost, and
 after it the suite's exec lane waited for that cluster's whole relaunch and set-up (~4 of its
@@ -51,7 +51,7 @@ def env(slurm_lab) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lab(slurm_lab) -> Path:
-    """The session's 2-worker lab (conftest.py), its `fleet up` under way since the session began."""
+    """The folder's 2-worker lab (conftest.py), its `fleet up` under way since before the first test."""
     return slurm_lab.path
 
 
@@ -76,7 +76,7 @@ def ledger_view(lab: Path):
 def test_fleet_up_launches_and_sets_up_both_clusters(lab, env, slurm_lab):
     from nightlab.fleet.build import code_hash
 
-    up = slurm_lab.up.result(timeout=1200)  # `fleet up --json`, started with the session (conftest.py)
+    up = slurm_lab.up.result(timeout=1200)  # `fleet up --json`, begun before the first test
     rows = json.loads(up.stdout)
     assert [(r["worker"], r["state"]) for r in rows] == [(w, "up") for w in WORKERS], up.stderr
     status = json.loads(cli(lab, env, "fleet", "status", "--json").stdout)
@@ -131,9 +131,9 @@ def _controller_pid(lab: Path, env: dict[str, str]) -> int:
 def _open_attempt(lab: Path, eid: str):
     _, tries, _ = ledger_view(lab)
     running = [a for a in tries[eid] if a.ended_at is None]
-    if not running:
+    if not running or not running[0].log_path:  # an attempt gets its log path a moment after its row
         return None
-    sky = Path(running[0].log_path or "").with_name("sky.json")
+    sky = Path(running[0].log_path).with_name("sky.json")
     text = sky.read_text() if sky.exists() else ""
     # its SkyPilot job exists, or its resident runner has started it
     return running[0] if "job_id" in text or "started_at" in text else None
@@ -267,4 +267,4 @@ def test_fleet_down_leaves_nothing(lab, env, local_sky, slurm_lab):
     assert not json.loads(cli(lab, env, "fleet", "status", "--json").stdout)["controller"]["running"]
     # no process of the SSH user from this run (another run, e.g. bench/fleet_real.py, may share the user)
     wait_until(lambda: local_sky.user_processes() == [], timeout=60, interval=1)
-    slurm_lab.down_done = True  # the session's teardown has nothing left to stop or take down here
+    slurm_lab.down_done = True  # the folder's teardown has nothing left to stop or take down here
