@@ -47,6 +47,8 @@ __all__ = [
     "screen_tier_for",
     "tier_budget_env",
     "tier_label",
+    "transfer",
+    "warmup_capped",
 ]
 
 # What the controller hands every built-in-target run: the budget of the tier it runs on. The
@@ -499,4 +501,58 @@ def transfer(lab: Lab) -> list[dict[str, Any]]:
             row["warning"] = f"screening on {tier} misleads: {row['warning']}"
         row["lower_is_better"] = lower
         out.append(row)
+    # a rung whose runs' compile ran into the timed budget is reported with or without promotions
+    for tier, warmup in warmup_capped(lab).items():
+        row = next((r for r in out if r["rung"] == tier), None)
+        if row is None:
+            row = {"rung": tier, "next": next_rung(lab.config, tier), "n": 0, "rho": None, "interval": None}
+            row.update(warning=None, lower_is_better=lower)
+            out.append(row)
+        row["warmup"] = warmup
+    return out
+
+
+def warmup_capped(lab: Lab) -> dict[str, dict[str, Any]]:
+    """Per screening rung, how many of its ok runs (in the epoch in force, at the rung's budget)
+    had their untimed warm-up ended by the cap rather than by their first steps, and a warning
+    when any did.
+
+    The clock's warm-up ends after the device's first steps or at a cap, a quarter of the budget
+    (at most 60 s): a run whose compile outlasts the cap trains less in its timed budget. On a
+    short rung that is a bias, not noise: a snapshot whose graph the worker has compiled before
+    (a re-run, a learning-rate edit) starts warm, one that changes the model's shapes compiles
+    cold. On an H200 the default model's cold compile took ~35-40 s (bench/RESULTS.md): a 75 s
+    budget lost ~28 s of its training to it. Only runs that recorded both figures count (the
+    built-in target's); foreign targets have no harness clock.
+    """
+    from nightlab import identity
+    from nightlab.harness.serve import WARMUP_FRACTION_CAP, WARMUP_SECONDS_CAP
+
+    epoch = identity.epoch_key(lab.config)
+    out: dict[str, dict[str, Any]] = {}
+    for tier in lab.config.fleet.tiers:
+        budget = budget_of(lab.config, tier)
+        if budget is None or next_rung(lab.config, tier) is None:
+            continue
+        cap = min(WARMUP_SECONDS_CAP, WARMUP_FRACTION_CAP * budget)
+        runs = capped = 0
+        for e in lab.ledger.experiments(tier=tier):
+            warm, ran = e.metrics.get("warmup_seconds"), e.metrics.get("budget_seconds")
+            if not e.ok or (e.epoch and e.epoch != epoch) or not isinstance(warm, (int, float)):
+                continue
+            if isinstance(ran, (int, float)) and float(ran) != budget:
+                continue  # recorded at another budget: another rung's run
+            runs += 1
+            capped += warm >= cap - 1e-3  # the clock records the cap itself, rounded to 1 ms
+        if not runs:
+            continue
+        warning = None
+        if capped:
+            warning = (
+                f"{capped} of {runs} ok runs on {tier} ({budget:g} s) hit the untimed warm-up's cap of "
+                f"{cap:g} s: their compile or start-up ran into the timed budget, which favours snapshots "
+                "whose compile the worker had cached; lengthen the rung to at least four times the "
+                "compile (docs/search.md)"
+            )
+        out[tier] = {"runs": runs, "capped": capped, "cap_seconds": cap, "warning": warning}
     return out

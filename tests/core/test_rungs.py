@@ -153,3 +153,50 @@ def test_the_controllers_run_spec_carries_the_tier_budget(make_lab):
         spec = ctrl._spec(attempt)
         assert attempt.experiment_id == e.id and spec.env[BUDGET_ENV] == "10.0"
         assert "nightlab.harness.attempt" in spec.command  # the supervisor reads it, not train.py
+
+
+def test_a_rung_whose_compile_ran_past_the_warm_up_cap_is_warned_about(tmp_path):
+    """The H200 (bench/RESULTS.md): a cold compile outlasted a short budget's warm-up cap and ate
+    its timed training; `nightlab rungs` says so for every screening rung where a run's warm-up
+    was ended by the cap, with or without promotions."""
+    from types import SimpleNamespace
+
+    from nightlab import rungs
+    from nightlab.ledger import Ledger, NewExperiment
+
+    cfg = parse_config(doc(FULL, SHORT))  # cpu-10s (cap 2.5 s) promotes to cpu (30 s, cap 7.5 s)
+
+    def run(ledger, i, tier, warmup, budget, outcome="ok"):
+        [e] = ledger.add_experiments(
+            [
+                NewExperiment(
+                    snapshot=f"c{i}", identity=f"t{i}", parent=None, description="x", tier=tier, seed=i
+                )
+            ]
+        )
+        metrics = {"val_bpb": 1.0, "warmup_seconds": warmup, "budget_seconds": budget}
+        ledger.finish_attempt(ledger.lease_next(f"{tier}-0", tier).id, outcome=outcome, metrics=metrics)
+
+    with Ledger(tmp_path / "ledger.db", create=True) as ledger:
+        ledger.register_workers([("cpu-10s-0", "cpu-10s", "local", {}), ("cpu-0", "cpu", "local", {})])
+        lab = SimpleNamespace(config=cfg, ledger=ledger, path=tmp_path)
+        run(ledger, 1, "cpu-10s", 0.4, 10.0)  # warm-up ended by its first steps
+        assert rungs.warmup_capped(lab) == {
+            "cpu-10s": {"runs": 1, "capped": 0, "cap_seconds": 2.5, "warning": None}
+        }
+        run(ledger, 2, "cpu-10s", 2.5, 10.0)  # ended by the cap: the compile ran into the budget
+        run(ledger, 3, "cpu-10s", 2.5, 5.0)  # recorded at another budget: another rung's run
+        run(ledger, 4, "cpu-10s", 2.5, 10.0, outcome="crash:exception")  # not an ok run
+        run(ledger, 5, "cpu", 7.5, 30.0)  # the last rung judges with two runs a side: not reported
+        report = rungs.warmup_capped(lab)
+        assert list(report) == ["cpu-10s"] and (report["cpu-10s"]["runs"], report["cpu-10s"]["capped"]) == (
+            2,
+            1,
+        )
+        assert report["cpu-10s"]["warning"].startswith(
+            "1 of 2 ok runs on cpu-10s (10 s) hit the untimed warm-up's cap of 2.5 s"
+        )
+        # no promotion yet: the rung still gets its row, with no rank correlation
+        [row] = rungs.transfer(lab)
+        assert (row["rung"], row["next"], row["n"], row["rho"]) == ("cpu-10s", "cpu", 0, None)
+        assert row["warmup"] == report["cpu-10s"]
