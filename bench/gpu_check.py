@@ -9,7 +9,8 @@ under a time box cut to what is left of one overall deadline, and always writes 
 file, `$OUT/gpu_check.json`, with whatever it measured (plus the full log, `gpu_check.log`).
 
 Steps (each "ok", "skipped: <why>", "failed: <one line>", "timeout after Ns" or "not run: out of time"):
-  env    python, torch and each required module's version and origin (image or carried wheel)
+  env    python, torch and each required module's version and origin (image or carried wheel);
+         whether bwrap can sandbox the runs (the kit carries bubblewrap's .deb; unpacked to /tmp)
   gpu    GPU name, capability, memory, driver; the card's own bf16 peak (accel's table); the
          attention backends that work (the FA3 probe) and detect()'s choices; a measured bf16
          matmul ceiling (8192^3, random data, median of 10 after 3 warm-ups)
@@ -167,6 +168,14 @@ def step_env(args: argparse.Namespace) -> dict:
         origin = "carried" if site and str(getattr(mod, "__file__", "")).startswith(site) else "image"
         found[module] = f"{version} ({origin})"
     result = {"python": platform.python_version(), "modules": found}
+    from nightlab.harness import sandbox
+
+    why_not = sandbox.available()  # the protected step's runs: sandboxed, or why not
+    carried = os.environ.get("GPU_CHECK_BWRAP")
+    if why_not is None:
+        result["sandbox"] = f"bwrap ({carried or 'on the machine'})"
+    else:
+        result["sandbox"] = f"none: {why_not}" + (f"; kit: {carried}" if carried else "")
     if "torch" not in args.without and "torch" not in [m.split()[0] for m in missing]:
         import torch
 
@@ -577,7 +586,7 @@ def drive(args: argparse.Namespace) -> int:
 def _drive(check: Check, args: argparse.Namespace) -> None:
     s = check.summary
     env = check.snippet("env")
-    s.update({k: env[k] for k in ("python", "torch", "cuda", "hip", "modules") if k in env})
+    s.update({k: env[k] for k in ("python", "torch", "cuda", "hip", "modules", "sandbox") if k in env})
     if not check.ok("env"):
         return  # a missing module fails every later step the same way: stop before spending more
     no_torch = "torch" in args.without
@@ -694,6 +703,7 @@ def render(s: dict) -> str:
         ("python / torch", f"{s.get('python', '?')} / {s.get('torch', '?')} (cuda {s.get('cuda')})"),
         ("modules", ", ".join(f"{m} {v}" for m, v in s.get("modules", {}).items() if m != "torch") or "?"),
         ("carried wheels", s.get("wheels")),
+        ("sandbox (bwrap)", s.get("sandbox")),
         ("gpu", f"{s.get('gpu', 'none')} cc {s.get('capability', '-')} {s.get('memory_gib', '-')} GiB"),
         (
             "peak bf16 (card's own)",

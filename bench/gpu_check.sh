@@ -39,4 +39,15 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
   export PYTHONPATH="$PYTHONPATH:$SITE" GPU_CHECK_SITE="$SITE"
   export GPU_CHECK_WHEELS="$(cd "$WHEELS" && ls -- *.whl | tr '\n' ' ')installed in $((SECONDS - start)) s"
 fi
+# bubblewrap (the runs' sandbox) when the kit carried it and the machine has none: unpacked into a
+# temp folder, never into / (the device README: other packages can break the root there)
+DEB=$(compgen -G "$WHEELS/bubblewrap_*.deb" | head -n 1 || true)
+if [ -n "$DEB" ] && ! command -v bwrap >/dev/null; then
+  ROOT="$(mktemp -d)/bwrap"
+  if command -v dpkg-deb >/dev/null && dpkg-deb -x "$DEB" "$ROOT" && [ -x "$ROOT/usr/bin/bwrap" ]; then
+    export PATH="$ROOT/usr/bin:$PATH" GPU_CHECK_BWRAP="$(basename "$DEB") unpacked"
+  else
+    export GPU_CHECK_BWRAP="$(basename "$DEB") could not be unpacked (no dpkg-deb?)"
+  fi
+fi
 exec "$PY" bench/gpu_check.py "$@"

@@ -7,6 +7,7 @@
 #      bench/gpu_image.txt) and downloads their wheels, pinned as pyproject.toml pins them, for
 #      CPython 3.12 on manylinux x86-64 (the device README's platform flags), into an ignored folder;
 #   2. checks that every wheel's own requirements are on the image or in the kit (--no-deps);
+#      and adds bubblewrap's Debian package (the runs' sandbox; the image has none);
 #   3. reports the size of the wheels and of the working tree that travels, against 64 MiB;
 #   4. prints the exact device `run` call (command, carry, timeout_s).
 #
@@ -50,6 +51,17 @@ for spec in "${SPECS[@]}"; do
     || { echo "gpu_kit: no wheel of \`$spec\` for CPython $PYVER on manylinux x86-64" >&2; exit 1; }
 done
 
+# --- 1b. bubblewrap, the runs' sandbox: not on the image (the H200 runs of 2026-12-04 were
+# unsandboxed). Its Debian package travels beside the wheels; gpu_check.sh unpacks it into a temp
+# folder there (never into /). Without it the check still runs, its protected step unsandboxed.
+rm -f "$DEST"/bubblewrap_*.deb
+if (cd "$DEST" && apt-get download -q bubblewrap >/dev/null 2>&1); then
+  echo "== bubblewrap: $(cd "$DEST" && ls bubblewrap_*.deb)"
+else
+  echo "gpu_kit: warning: \`apt-get download bubblewrap\` failed (run \`apt-get update\` once?);" \
+       "the protected step will run unsandboxed there" >&2
+fi
+
 # --- 2. their own requirements must be on the image or in the kit (pip runs with --no-deps there)
 "$PY" - "$DEST" <<'PYEOF'
 import re, sys, zipfile
@@ -78,7 +90,7 @@ PYEOF
 
 # --- 3. sizes: the wheels, and everything that travels (tracked + untracked-not-ignored, shared/)
 size_of() { xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
-WHEEL_BYTES=$(find "$DEST" -maxdepth 1 -type f -name '*.whl' -print0 | size_of)
+WHEEL_BYTES=$(find "$DEST" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.deb' \) -print0 | size_of)
 TREE_BYTES=$(git ls-files -z --cached --others --exclude-standard | size_of)
 SHARED_BYTES=0
 [ -d shared ] && ! git ls-files --error-unmatch shared >/dev/null 2>&1 && SHARED_BYTES=$(find shared -type f -print0 | size_of)
@@ -86,7 +98,7 @@ TOTAL=$((WHEEL_BYTES + TREE_BYTES + SHARED_BYTES))
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "== size: wheels $(mib "$WHEEL_BYTES") + working tree $(mib "$TREE_BYTES") + shared/ $(mib "$SHARED_BYTES")" \
      "= $(mib "$TOTAL") of $(mib "$LIMIT") ($((100 * TOTAL / LIMIT)) %)"
-find "$DEST" -maxdepth 1 -type f -name '*.whl' -printf '   %f  %s bytes\n'
+find "$DEST" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.deb' \) -printf '   %f  %s bytes\n'
 if [ "$TOTAL" -gt "$LIMIT" ]; then
   echo "gpu_kit: $(mib "$TOTAL") would travel, over the 64 MiB limit; ignore build outputs or carry less" >&2
   exit 1
