@@ -86,6 +86,9 @@ class PatternStrategy(_SteppedStrategy):
         to_edge: bool = True,
         explore: bool = True,
         cover: bool = True,
+        leap: Sequence[float] = (),
+        follow: bool = False,
+        grow: int = 0,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
@@ -94,6 +97,10 @@ class PatternStrategy(_SteppedStrategy):
         self.all_levels, self.to_edge, self.explore = all_levels, to_edge, explore
         self.cover = cover
         self.patience = patience
+        if any(m <= 0 or m == 1 for m in leap):
+            raise UsageError(f"leap `{leap}`: multiples of the fitted move, positive and not 1")
+        self.leap, self.follow, self.grow = tuple(leap), follow, grow
+        self._leaps: set[tuple] = set()  # the leap points proposed, kept out of the stencil's fit
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
@@ -117,6 +124,8 @@ class PatternStrategy(_SteppedStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
+        if self._leaps:  # a leap point moves many knobs at once: not part of the stencil
+            runs = [o for o in runs if _key(o.knobs, self.dims) not in self._leaps] or runs
         found = self._stencil_of(runs, history, last)
         if found is None:
             # the repeats of a carried configuration (`_unsettled`) were measured in an earlier
@@ -253,10 +262,18 @@ class PatternStrategy(_SteppedStrategy):
     def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
         misses = len({o.wave for o in _since_adoption(history)})
         step = self.step / 2 ** (misses // self.patience)
+        if self.grow and not misses:  # adoptions keep coming: a wider stencil, a longer reach
+            adopted = {o.wave for o in history if o.adopted}
+            streak = 0
+            while history and max(o.wave for o in history) - streak in adopted:
+                streak += 1
+            step = min(self.step * 2 ** min(streak, self.grow), 1.0)
         if step < self.min_step:
             return []
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
+        leapt = _key(incumbent, self.dims) in self._leaps  # the last wave adopted a leap point
+        self._leaps = set()
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
             return self._opening(incumbent, step, names, k)
         centre, runs = last
@@ -275,6 +292,8 @@ class PatternStrategy(_SteppedStrategy):
         for name, (value, _) in fitted.items():
             dim = next(d for d in self.dims if d.name == name)
             point[name] = dim.to_source(value)
+        if leapt and self.follow and fitted:  # go on from the adopted leap point by the fitted move
+            point = self._shifted(incumbent, centre, point)
         settling = False
         if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the best
             point, settling = dict(provisional or incumbent), provisional is not None
@@ -294,13 +313,59 @@ class PatternStrategy(_SteppedStrategy):
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
         best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if carry else None
         carried = [] if best is None else [best, best]
-        per_knob = max(1, (k - repeats - len(carried)) // 2)
+        leaps: list[Knobs] = []
+        if self.leap and carry and not settling:
+            # only the slots the whole stencil leaves: every stencil run is worth more than a leap
+            room = (k - repeats - len(carried) - len(self._stencil(point, step, names))) // 2
+            skip = {_key(c, self.dims) for c in (centre, point, *carried)}
+            leaps = [q for q in self._leap_points(centre, point) if _key(q, self.dims) not in skip][
+                : max(room, 0)
+            ]
+            self._leaps = {_key(q, self.dims) for q in leaps}
+        per_knob = max(1, (k - repeats - len(carried) - 2 * len(leaps)) // 2)
         around = self._stencil(point, step, order[:per_knob])
-        twice = {_key(c, self.dims) for c in carried}
+        twice = {_key(c, self.dims) for c in (*carried, *leaps)}
         around = [p for p in around if _key(p, self.dims) not in twice]
         if not carry:  # a wave of a run or two: a point measured already would only be reused
             around = [p for p in around if not self._values_at(_key(p, self.dims), history)]
-        return ([point] * repeats + carried + around)[:k]
+        return ([point] * repeats + carried + [q for q in leaps for _ in range(2)] + around)[:k]
+
+    def _leap_points(self, centre: Mapping[str, str], point: Mapping[str, str]) -> list[Knobs]:
+        """Points further along the fitted move from `centre` to `point`: `centre` + m (`point` -
+        `centre`) in coded units for m = 2 .. `leap` + 1 (range knobs; list knobs as at `point`)."""
+        moves = {}
+        for dim in self.dims:
+            if isinstance(dim, Choice):
+                continue
+            c0, c1 = dim.coded(parse_value(centre[dim.name])), dim.coded(parse_value(point[dim.name]))
+            if c1 != c0:
+                moves[dim.name] = (dim, c0, c1 - c0)
+        out: list[Knobs] = []
+        seen = {_key(point, self.dims)}
+        for m in self.leap:
+            q = dict(point)
+            for name, (dim, c0, move) in moves.items():
+                q[name] = dim.to_source(dim.from_coded(c0 + m * move))
+            if _key(q, self.dims) not in seen:
+                seen.add(_key(q, self.dims))
+                out.append(q)
+        return out
+
+    def _shifted(
+        self, start: Mapping[str, str], centre: Mapping[str, str], point: Mapping[str, str]
+    ) -> Knobs:
+        """`start` moved by the coded move from `centre` to `point` (list knobs as at `point` where it moved them)."""
+        out = {d.name: start[d.name] for d in self.dims}
+        for dim in self.dims:
+            a, b = parse_value(centre[dim.name]), parse_value(point[dim.name])
+            if a == b:
+                continue
+            if isinstance(dim, Choice):
+                out[dim.name] = point[dim.name]
+            else:
+                c = dim.coded(parse_value(start[dim.name])) + dim.coded(b) - dim.coded(a)
+                out[dim.name] = dim.to_source(dim.from_coded(c))
+        return out
 
     def _unsettled(
         self, incumbent: Mapping[str, str], history: Sequence[Observation], skip: set
