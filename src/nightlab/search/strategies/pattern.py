@@ -89,6 +89,7 @@ class PatternStrategy(_SteppedStrategy):
         leap: Sequence[float] = (),
         follow: bool = False,
         grow: int = 0,
+        momentum: bool = False,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
@@ -100,6 +101,7 @@ class PatternStrategy(_SteppedStrategy):
         if any(m <= 0 or m == 1 for m in leap):
             raise UsageError(f"leap `{leap}`: multiples of the fitted move, positive and not 1")
         self.leap, self.follow, self.grow = tuple(leap), follow, grow
+        self.momentum = momentum
         self._leaps: set[tuple] = set()  # the leap points proposed, kept out of the stencil's fit
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
@@ -322,6 +324,17 @@ class PatternStrategy(_SteppedStrategy):
                 : max(room, 0)
             ]
             self._leaps = {_key(q, self.dims) for q in leaps}
+        if self.momentum and carry and not settling and len(self._incumbents) >= 2:
+            # Hooke-Jeeves' pattern move: the new point moved on by the last adoption's displacement
+            before, now = self._incumbents[-2], self._incumbents[-1]
+            if _key(before, self.dims) != _key(now, self.dims) and _key(now, self.dims) == _key(
+                incumbent, self.dims
+            ):
+                q = self._shifted(point, before, now)
+                skip = {_key(c, self.dims) for c in (centre, point, *carried, *leaps)}
+                if _key(q, self.dims) not in skip and k - repeats - len(carried) - 2 * len(leaps) >= 6:
+                    leaps.append(q)
+                    self._leaps.add(_key(q, self.dims))
         per_knob = max(1, (k - repeats - len(carried) - 2 * len(leaps)) // 2)
         around = self._stencil(point, step, order[:per_knob])
         twice = {_key(c, self.dims) for c in (*carried, *leaps)}
