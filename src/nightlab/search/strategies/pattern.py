@@ -53,7 +53,12 @@ class PatternStrategy(_SteppedStrategy):
     `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
     decay) are crossed in a zig-zag, one knob-wise step per wave: a quadratic with interactions
     fitted on the last stencils, and a secant update of the interactions, were tried on
-    bench/search_sim.py and did not help (the fits were not convex or overshot).
+    bench/search_sim.py and did not help (the fits were not convex or overshot). After a wave that
+    adopted, the wave also runs Hooke-Jeeves' pattern move twice (`momentum`): the new point moved
+    on by the adoption's displacement, all knobs at once, in place of one stencil knob (never the
+    stencil's last two); a wave of pattern moves is still read as the stencil it holds. Further
+    points along the fitted move (x2, x3, x0.5) and a wider stencil while adoptions keep coming
+    were measured on bench/search_family.py's dev set and not kept (bench/RESULTS.md, session 35).
 
     Args:
         step: the stencil's half-width in coded units ([-1, +1] is the space).
@@ -66,6 +71,7 @@ class PatternStrategy(_SteppedStrategy):
         to_edge: a knob less than a step from an edge is measured at the edge.
         explore: centre the wave on the unsettled best when the last centre gives no step.
         cover: an opening wave too small for the stencil measures every knob once first.
+        momentum: after an adoption, also run the new point moved on by its displacement (twice).
     """
 
     name = "pattern"
@@ -86,10 +92,7 @@ class PatternStrategy(_SteppedStrategy):
         to_edge: bool = True,
         explore: bool = True,
         cover: bool = True,
-        leap: Sequence[float] = (),
-        follow: bool = False,
-        grow: int = 0,
-        momentum: bool = False,
+        momentum: bool = True,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
@@ -98,11 +101,8 @@ class PatternStrategy(_SteppedStrategy):
         self.all_levels, self.to_edge, self.explore = all_levels, to_edge, explore
         self.cover = cover
         self.patience = patience
-        if any(m <= 0 or m == 1 for m in leap):
-            raise UsageError(f"leap `{leap}`: multiples of the fitted move, positive and not 1")
-        self.leap, self.follow, self.grow = tuple(leap), follow, grow
         self.momentum = momentum
-        self._leaps: set[tuple] = set()  # the leap points proposed, kept out of the stencil's fit
+        self._moves: set[tuple] = set()  # the last wave's pattern moves, kept out of its stencil's fit
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
@@ -126,8 +126,8 @@ class PatternStrategy(_SteppedStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
-        if self._leaps:  # a leap point moves many knobs at once: not part of the stencil
-            runs = [o for o in runs if _key(o.knobs, self.dims) not in self._leaps] or runs
+        if self._moves:  # a pattern move changes many knobs at once: not part of the stencil
+            runs = [o for o in runs if _key(o.knobs, self.dims) not in self._moves] or runs
         found = self._stencil_of(runs, history, last)
         if found is None:
             # the repeats of a carried configuration (`_unsettled`) were measured in an earlier
@@ -264,18 +264,11 @@ class PatternStrategy(_SteppedStrategy):
     def propose(self, incumbent: Mapping[str, str], history: Sequence[Observation], k: int) -> list[Knobs]:
         misses = len({o.wave for o in _since_adoption(history)})
         step = self.step / 2 ** (misses // self.patience)
-        if self.grow and not misses:  # adoptions keep coming: a wider stencil, a longer reach
-            adopted = {o.wave for o in history if o.adopted}
-            streak = 0
-            while history and max(o.wave for o in history) - streak in adopted:
-                streak += 1
-            step = min(self.step * 2 ** min(streak, self.grow), 1.0)
         if step < self.min_step:
             return []
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
-        leapt = _key(incumbent, self.dims) in self._leaps  # the last wave adopted a leap point
-        self._leaps = set()
+        self._moves = set()
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
             return self._opening(incumbent, step, names, k)
         centre, runs = last
@@ -294,8 +287,6 @@ class PatternStrategy(_SteppedStrategy):
         for name, (value, _) in fitted.items():
             dim = next(d for d in self.dims if d.name == name)
             point[name] = dim.to_source(value)
-        if leapt and self.follow and fitted:  # go on from the adopted leap point by the fitted move
-            point = self._shifted(incumbent, centre, point)
         settling = False
         if _key(point, self.dims) == _key(centre, self.dims):  # nothing to follow: back to the best
             point, settling = dict(provisional or incumbent), provisional is not None
@@ -315,54 +306,38 @@ class PatternStrategy(_SteppedStrategy):
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
         best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if carry else None
         carried = [] if best is None else [best, best]
-        leaps: list[Knobs] = []
-        if self.leap and carry and not settling:
-            # only the slots the whole stencil leaves: every stencil run is worth more than a leap
-            room = (k - repeats - len(carried) - len(self._stencil(point, step, names))) // 2
-            skip = {_key(c, self.dims) for c in (centre, point, *carried)}
-            leaps = [q for q in self._leap_points(centre, point) if _key(q, self.dims) not in skip][
-                : max(room, 0)
-            ]
-            self._leaps = {_key(q, self.dims) for q in leaps}
-        if self.momentum and carry and not settling and len(self._incumbents) >= 2:
-            # Hooke-Jeeves' pattern move: the new point moved on by the last adoption's displacement
-            before, now = self._incumbents[-2], self._incumbents[-1]
-            if _key(before, self.dims) != _key(now, self.dims) and _key(now, self.dims) == _key(
-                incumbent, self.dims
-            ):
-                q = self._shifted(point, before, now)
-                skip = {_key(c, self.dims) for c in (centre, point, *carried, *leaps)}
-                if _key(q, self.dims) not in skip and k - repeats - len(carried) - 2 * len(leaps) >= 6:
-                    leaps.append(q)
-                    self._leaps.add(_key(q, self.dims))
-        per_knob = max(1, (k - repeats - len(carried) - 2 * len(leaps)) // 2)
+        moves = self._pattern_move(incumbent, centre, point, carried) if carry and not settling else []
+        if k - repeats - len(carried) - 2 * len(moves) < 4:  # not at the cost of the stencil's last two knobs
+            moves = []
+        self._moves = {_key(q, self.dims) for q in moves}
+        per_knob = max(1, (k - repeats - len(carried) - 2 * len(moves)) // 2)
         around = self._stencil(point, step, order[:per_knob])
-        twice = {_key(c, self.dims) for c in (*carried, *leaps)}
+        twice = {_key(c, self.dims) for c in (*carried, *moves)}
         around = [p for p in around if _key(p, self.dims) not in twice]
         if not carry:  # a wave of a run or two: a point measured already would only be reused
             around = [p for p in around if not self._values_at(_key(p, self.dims), history)]
-        return ([point] * repeats + carried + [q for q in leaps for _ in range(2)] + around)[:k]
+        return ([point] * repeats + carried + [q for q in moves for _ in range(2)] + around)[:k]
 
-    def _leap_points(self, centre: Mapping[str, str], point: Mapping[str, str]) -> list[Knobs]:
-        """Points further along the fitted move from `centre` to `point`: `centre` + m (`point` -
-        `centre`) in coded units for m = 2 .. `leap` + 1 (range knobs; list knobs as at `point`)."""
-        moves = {}
-        for dim in self.dims:
-            if isinstance(dim, Choice):
-                continue
-            c0, c1 = dim.coded(parse_value(centre[dim.name])), dim.coded(parse_value(point[dim.name]))
-            if c1 != c0:
-                moves[dim.name] = (dim, c0, c1 - c0)
-        out: list[Knobs] = []
-        seen = {_key(point, self.dims)}
-        for m in self.leap:
-            q = dict(point)
-            for name, (dim, c0, move) in moves.items():
-                q[name] = dim.to_source(dim.from_coded(c0 + m * move))
-            if _key(q, self.dims) not in seen:
-                seen.add(_key(q, self.dims))
-                out.append(q)
-        return out
+    def _pattern_move(
+        self, incumbent: Mapping[str, str], centre: Mapping[str, str], point: Knobs, carried: Sequence[Knobs]
+    ) -> list[Knobs]:
+        """Hooke-Jeeves' pattern move (`momentum`): when the last wave adopted, the new point moved
+        on by that adoption's displacement (coded units; list knobs as the adoption set them).
+
+        Knobs that act together are crossed in a zig-zag, one knob-wise step a wave; two steps in a
+        row point along the valley, and the move tries one more of them at once. It is empty when
+        the last wave adopted nothing or the move lands on a point the wave runs anyway.
+        """
+        if not self.momentum or len(self._incumbents) < 2:
+            return []
+        before, now = self._incumbents[-2], self._incumbents[-1]
+        if _key(before, self.dims) == _key(now, self.dims) or _key(now, self.dims) != _key(
+            incumbent, self.dims
+        ):
+            return []
+        q = self._shifted(point, before, now)
+        taken = {_key(c, self.dims) for c in (centre, point, *carried)}
+        return [] if _key(q, self.dims) in taken else [q]
 
     def _shifted(
         self, start: Mapping[str, str], centre: Mapping[str, str], point: Mapping[str, str]
