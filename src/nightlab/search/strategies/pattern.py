@@ -56,7 +56,9 @@ class PatternStrategy(_SteppedStrategy):
     bench/search_sim.py and did not help (the fits were not convex or overshot). After a wave that
     adopted, the wave also runs Hooke-Jeeves' pattern move twice (`momentum`): the new point moved
     on by the adoption's displacement, all knobs at once, in place of one stencil knob (never the
-    stencil's last two); a wave of pattern moves is still read as the stencil it holds. Further
+    stencil's last two); the next wave reads the stencil without it (the strategy remembers its
+    moves: after a resume a wave that held one is not read as a stencil, and the first wave
+    opens with a stencil around the incumbent, as after any resume without history). Further
     points along the fitted move (x2, x3, x0.5) and a wider stencil while adoptions keep coming
     were measured on bench/search_family.py's dev set and not kept (bench/RESULTS.md, session 35).
 
