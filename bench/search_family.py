@@ -61,6 +61,8 @@ was read on 2026-12-03 for the pipelined variant; `heldout9` (h64-h71, seeds 900
 once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured short-run model;
 `heldout10` (h72-h79 = member seeds 1072-1079, seeds 1000-1019) judges the climb at the 1/10 rung
 with the measured fit and each measured rung's own cost, read once, at the end (session 34).
+`heldout11` (h80-h87 = member seeds 1080-1087, seeds 1100-1119) judges full-budget `pattern`
+against its 2-wave ceiling (`--levers`; issue 34 item 5's second goal), read once (session 35).
 
 `NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
 waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
@@ -68,7 +70,7 @@ runs at once, and only the full-budget adoptions they confirm (today's rule on f
 count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
 on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout11|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
            [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--patience 2] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
@@ -406,6 +408,11 @@ HELDOUT9_MEMBERS = [f"h{i}" for i in range(64, 72)]
 # fit and each measured rung's own cost (issue 34, session 34, helper `fid10`), read once, at the
 # end, for the design tuned on dev; a later change needs a new set.
 HELDOUT10_MEMBERS = [f"h{i}" for i in range(72, 80)]
+# `heldout10` was read for the climb at 1/10. `heldout11` (h80-h87 = member seeds 1080-1087, seeds
+# 1100-1119) judges full-budget `pattern` against its 2-wave ceiling (issue 34 item 5's second goal:
+# a shorter path, `--levers`), old and new pattern with the same command; read once, at the end
+# (2026-12-04, session 35, helper `pathlen`); a later change needs a new set.
+HELDOUT11_MEMBERS = [f"h{i}" for i in range(80, 88)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -418,6 +425,7 @@ SETS = {
     "heldout8": (HELDOUT8_MEMBERS, range(800, 820)),
     "heldout9": (HELDOUT9_MEMBERS, range(900, 920)),
     "heldout10": (HELDOUT10_MEMBERS, range(1000, 1020)),
+    "heldout11": (HELDOUT11_MEMBERS, range(1100, 1120)),
 }
 
 

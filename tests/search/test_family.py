@@ -63,7 +63,8 @@ def test_member_seeds_are_what_the_names_say() -> None:
 def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> None:
     """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
     held-out set was read once and replaced (heldout, heldout2, ..., heldout9); heldout10 judges the
-    climb at the 1/10 rung with the measured short-run model and costs (issue 34)."""
+    climb at the 1/10 rung with the measured short-run model and costs (issue 34); heldout11
+    judges full-budget pattern against its 2-wave ceiling (issue 34 item 5's second goal)."""
     assert list(family.SETS) == [
         "dev",
         "heldout",
@@ -76,6 +77,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
         "heldout8",
         "heldout9",
         "heldout10",
+        "heldout11",
     ]
     names = list(family.SETS)
     member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
@@ -93,6 +95,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
     assert family.SETS["heldout8"] == ([f"h{i}" for i in range(56, 64)], range(800, 820))
     assert family.SETS["heldout9"] == ([f"h{i}" for i in range(64, 72)], range(900, 920))
     assert family.SETS["heldout10"] == ([f"h{i}" for i in range(72, 80)], range(1000, 1020))
+    assert family.SETS["heldout11"] == ([f"h{i}" for i in range(80, 88)], range(1100, 1120))
 
 
 def test_the_sim_member_is_search_sims_objective() -> None:

@@ -650,3 +650,42 @@ def test_strategy_modules_import_only_the_shared_base() -> None:
             and (node.module or "").startswith("nightlab.search.strategies")
         }
         assert imported == {"nightlab.search.strategies._base"}, name
+
+
+def test_pattern_runs_the_pattern_move_after_an_adoption() -> None:
+    # issue 34 item 5: after a wave that adopted, the new point moved on by the adoption's
+    # displacement (Hooke-Jeeves' pattern move), twice, all knobs at once; the wave after it still
+    # fits the stencil around the new point (the pattern move is left out of it)
+    incumbent = {"X": "0.5", "Y": "1.0", "Z": "0.5"}
+    strategy = PatternStrategy(PATTERN_DIMS, step=0.25)
+    first = strategy.propose(incumbent, [], 16)
+    best = min(first, key=bowl3)
+    assert best == {"X": "0.5", "Y": "0.75", "Z": "0.5"}  # Y down one step: -0.5 coded
+    history = [Observation(f"e{i}", r, bowl3(r), wave=0, adopted=r == best) for i, r in enumerate(first)]
+    strategy.observe_incumbent(incumbent, [bowl3(incumbent)] * 2)  # as `run_loop`: before each wave
+    strategy.observe_incumbent(best, [bowl3(best)] * 2)
+    second = strategy.propose(best, history, 16)
+    point = {"X": "0.7", "Y": "0.3", "Z": "0.5"}  # the fitted minimum
+    move = {"X": "0.7", "Y": "0.05", "Z": "0.5"}  # Y -0.4 coded, moved on by -0.5
+    assert second[:4] == [point, point, move, move]
+    assert all(sum(r[n] != point[n] for n in "XYZ") == 1 for r in second[4:])
+    wave1 = [Observation(f"f{i}", r, bowl3(r), wave=1, adopted=i == 0) for i, r in enumerate(second)]
+    strategy.observe_incumbent(point, [bowl3(point)] * 2)
+    third = strategy.propose(point, history + wave1, 16)
+    # the stencil around the point was read (the pattern move left out): nothing left to follow,
+    # the point has its two runs, and the next pattern move goes on from it
+    again = {"X": "0.9", "Y": "0.0", "Z": "0.5"}  # +0.4 and -0.9 coded, Y clipped at its edge
+    assert third[:2] == [again, again]
+    assert all(sum(r[n] != point[n] for n in "XYZ") == 1 for r in third[2:])
+    # off: no pattern move; and none after a wave that adopted nothing
+    plain = PatternStrategy(PATTERN_DIMS, step=0.25, momentum=False)
+    plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 2)
+    plain.observe_incumbent(best, [bowl3(best)] * 2)
+    assert move not in plain.propose(best, history, 16)
+    idle = PatternStrategy(PATTERN_DIMS, step=0.25)
+    idle.observe_incumbent(incumbent, [bowl3(incumbent)] * 2)
+    idle.observe_incumbent(incumbent, [bowl3(incumbent)] * 2)
+    unadopted = [Observation(o.id, o.knobs, o.value, wave=0) for o in history]
+    wave = idle.propose(incumbent, unadopted, 16)
+    assert wave[:4] == [point, point, best, best] and move not in wave  # the point, the carried best
+    assert all(sum(r[n] != point[n] for n in "XYZ") == 1 for r in wave[4:])

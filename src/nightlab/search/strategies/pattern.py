@@ -53,7 +53,14 @@ class PatternStrategy(_SteppedStrategy):
     `min_step`. Knobs that act together (a learning rate whose best value moves with the weight
     decay) are crossed in a zig-zag, one knob-wise step per wave: a quadratic with interactions
     fitted on the last stencils, and a secant update of the interactions, were tried on
-    bench/search_sim.py and did not help (the fits were not convex or overshot).
+    bench/search_sim.py and did not help (the fits were not convex or overshot). After a wave that
+    adopted, the wave also runs Hooke-Jeeves' pattern move twice (`momentum`): the new point moved
+    on by the adoption's displacement, all knobs at once, in place of one stencil knob (never the
+    stencil's last two); the next wave reads the stencil without it (the strategy remembers its
+    moves: after a resume a wave that held one is not read as a stencil, and the first wave
+    opens with a stencil around the incumbent, as after any resume without history). Further
+    points along the fitted move (x2, x3, x0.5) and a wider stencil while adoptions keep coming
+    were measured on bench/search_family.py's dev set and not kept (bench/RESULTS.md, session 35).
 
     Args:
         step: the stencil's half-width in coded units ([-1, +1] is the space).
@@ -66,6 +73,7 @@ class PatternStrategy(_SteppedStrategy):
         to_edge: a knob less than a step from an edge is measured at the edge.
         explore: centre the wave on the unsettled best when the last centre gives no step.
         cover: an opening wave too small for the stencil measures every knob once first.
+        momentum: after an adoption, also run the new point moved on by its displacement (twice).
     """
 
     name = "pattern"
@@ -86,6 +94,7 @@ class PatternStrategy(_SteppedStrategy):
         to_edge: bool = True,
         explore: bool = True,
         cover: bool = True,
+        momentum: bool = True,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
@@ -94,6 +103,8 @@ class PatternStrategy(_SteppedStrategy):
         self.all_levels, self.to_edge, self.explore = all_levels, to_edge, explore
         self.cover = cover
         self.patience = patience
+        self.momentum = momentum
+        self._moves: set[tuple] = set()  # the last wave's pattern moves, kept out of its stencil's fit
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
@@ -117,6 +128,8 @@ class PatternStrategy(_SteppedStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
+        if self._moves:  # a pattern move changes many knobs at once: not part of the stencil
+            runs = [o for o in runs if _key(o.knobs, self.dims) not in self._moves] or runs
         found = self._stencil_of(runs, history, last)
         if found is None:
             # the repeats of a carried configuration (`_unsettled`) were measured in an earlier
@@ -257,6 +270,7 @@ class PatternStrategy(_SteppedStrategy):
             return []
         names = [d.name for d in self.dims]
         last = self._last_stencil(history)
+        self._moves = set()
         if last is None:  # the first wave, or after a resume: a stencil around the incumbent
             return self._opening(incumbent, step, names, k)
         centre, runs = last
@@ -294,13 +308,54 @@ class PatternStrategy(_SteppedStrategy):
         order = sorted(names, key=lambda n: (n in probed, -fitted.get(n, (None, 0.0))[1]))
         best = self._unsettled(incumbent, history, {_key(point, self.dims)}) if carry else None
         carried = [] if best is None else [best, best]
-        per_knob = max(1, (k - repeats - len(carried)) // 2)
+        moves = self._pattern_move(incumbent, centre, point, carried) if carry and not settling else []
+        if k - repeats - len(carried) - 2 * len(moves) < 4:  # not at the cost of the stencil's last two knobs
+            moves = []
+        self._moves = {_key(q, self.dims) for q in moves}
+        per_knob = max(1, (k - repeats - len(carried) - 2 * len(moves)) // 2)
         around = self._stencil(point, step, order[:per_knob])
-        twice = {_key(c, self.dims) for c in carried}
+        twice = {_key(c, self.dims) for c in (*carried, *moves)}
         around = [p for p in around if _key(p, self.dims) not in twice]
         if not carry:  # a wave of a run or two: a point measured already would only be reused
             around = [p for p in around if not self._values_at(_key(p, self.dims), history)]
-        return ([point] * repeats + carried + around)[:k]
+        return ([point] * repeats + carried + [q for q in moves for _ in range(2)] + around)[:k]
+
+    def _pattern_move(
+        self, incumbent: Mapping[str, str], centre: Mapping[str, str], point: Knobs, carried: Sequence[Knobs]
+    ) -> list[Knobs]:
+        """Hooke-Jeeves' pattern move (`momentum`): when the last wave adopted, the new point moved
+        on by that adoption's displacement (coded units; list knobs as the adoption set them).
+
+        Knobs that act together are crossed in a zig-zag, one knob-wise step a wave; two steps in a
+        row point along the valley, and the move tries one more of them at once. It is empty when
+        the last wave adopted nothing or the move lands on a point the wave runs anyway.
+        """
+        if not self.momentum or len(self._incumbents) < 2:
+            return []
+        before, now = self._incumbents[-2], self._incumbents[-1]
+        if _key(before, self.dims) == _key(now, self.dims) or _key(now, self.dims) != _key(
+            incumbent, self.dims
+        ):
+            return []
+        q = self._shifted(point, before, now)
+        taken = {_key(c, self.dims) for c in (centre, point, *carried)}
+        return [] if _key(q, self.dims) in taken else [q]
+
+    def _shifted(
+        self, start: Mapping[str, str], centre: Mapping[str, str], point: Mapping[str, str]
+    ) -> Knobs:
+        """`start` moved by the coded move from `centre` to `point` (list knobs as at `point` where it moved them)."""
+        out = {d.name: start[d.name] for d in self.dims}
+        for dim in self.dims:
+            a, b = parse_value(centre[dim.name]), parse_value(point[dim.name])
+            if a == b:
+                continue
+            if isinstance(dim, Choice):
+                out[dim.name] = point[dim.name]
+            else:
+                c = dim.coded(parse_value(start[dim.name])) + dim.coded(b) - dim.coded(a)
+                out[dim.name] = dim.to_source(dim.from_coded(c))
+        return out
 
     def _unsettled(
         self, incumbent: Mapping[str, str], history: Sequence[Observation], skip: set
