@@ -84,6 +84,52 @@ def test_processes_opening_a_v5_ledger_at_once_migrate_it_once(tmp_path):
         assert pool.map(_open, [str(path)] * 4) == [6] * 4
     with Ledger(path) as ledger:
         assert len(ledger.experiments(identity=IDENTITY)) == 2
+    assert len(backup.list_backups(path)) == 1
+
+
+def test_the_pre_migration_backup_is_taken_under_the_write_lock(tmp_path, monkeypatch):
+    # outside it, processes opening at once each copied the ledger, and two copies begun in the
+    # same millisecond shared a file name: one failed ("attempt to write a readonly database")
+    path = tmp_path / "ledger.db"
+    _v5_ledger(path)
+    held = []
+    real = backup.take_backup
+
+    def spy(ledger_path, **kw):
+        probe = sqlite3.connect(ledger_path, timeout=0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            held.append(False)
+        except sqlite3.OperationalError:  # "database is locked": the migrating open holds it
+            held.append(True)
+        finally:
+            probe.close()
+        return real(ledger_path, **kw)
+
+    monkeypatch.setattr(backup, "take_backup", spy)
+    with Ledger(path) as ledger:
+        assert ledger.schema_version() == 6
+    assert held == [True]
+
+
+def test_two_backups_begun_in_the_same_millisecond_both_succeed(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.db"
+    _v5_ledger(path)
+    monkeypatch.setattr(backup, "_stamp", lambda now: "20270115T080000.123Z")
+    real_check = backup.check_file
+    inner = []
+
+    def check_then_copy_again(p):
+        # the first copy's file is written and not yet renamed: the second one starts now
+        if not inner:
+            inner.append(None)
+            inner[0] = backup.take_backup(path)
+        return real_check(p)
+
+    monkeypatch.setattr(backup, "check_file", check_then_copy_again)
+    outer = backup.take_backup(path)
+    assert outer == inner[0] and real_check(outer) is None
+    assert not list(backup.backup_dir(path).glob("*.tmp"))
 
 
 def test_json_documents_keep_the_old_tree_key_beside_identity(tmp_path):

@@ -93,13 +93,16 @@ class Ledger(AgentRunWrites, TrackerWrites, BaseLedger):
             )
         if version == _schema.SCHEMA_VERSION:
             return
-        if version > 0:
-            # a migration rewrites tables: keep the old ledger as it was, whatever happens next
-            from nightlab.ledger.backup import take_backup
-
-            take_backup(self.path, pre_migration_of=version, source=self._conn)
         with self.transaction() as c:
             version = self.schema_version()  # another process may have migrated meanwhile
+            if version == _schema.SCHEMA_VERSION:
+                return
+            if version > 0:
+                # a migration rewrites tables: keep the old ledger as it was, whatever happens
+                # next; under the write lock, so processes opening it at once back it up once
+                from nightlab.ledger.backup import take_backup
+
+                take_backup(self.path, pre_migration_of=version)
             for script in _schema.MIGRATIONS[version:]:
                 for statement in script.split(";"):
                     if statement.strip():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,6 @@ def take_backup(
     *,
     keep: int = KEEP,
     pre_migration_of: int | None = None,
-    source: sqlite3.Connection | None = None,
 ) -> Path:
     """Copy the ledger online into the backup folder and prune old copies; returns the new file.
 
@@ -107,7 +107,6 @@ def take_backup(
         ledger_path: the live `ledger.db`.
         keep: how many periodic backups to keep (the oldest beyond that are deleted).
         pre_migration_of: the schema version about to be upgraded; names the copy `-pre-vN`.
-        source: an open connection to copy from (the migrating ledger's own); default: open one.
 
     Raises:
         LedgerError: the copy failed (disk full, unreadable or corrupt ledger); nothing is left behind.
@@ -117,11 +116,17 @@ def take_backup(
     now = time.time()
     suffix = f"-pre-v{pre_migration_of}" if pre_migration_of is not None else ""
     final = folder / f"ledger-{_stamp(now)}{suffix}.db"
-    tmp = final.with_name(final.name + ".tmp")
-    own = source is None
+    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        src = source or sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
+        # a name of its own: two copies begun in the same millisecond must not share one
+        # (SQLite then fails the one whose file the other renamed: "readonly database")
+        fd, name = tempfile.mkstemp(dir=folder, prefix=final.name + ".", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        # a connection of its own: a migration calls this holding the write lock on its own
+        # connection, and SQLite's backup from a connection inside a write transaction never ends
+        src = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
         try:
             dest = sqlite3.connect(tmp)
             try:
@@ -131,10 +136,10 @@ def take_backup(
             finally:
                 dest.close()
         finally:
-            if own:
-                src.close()
+            src.close()
     except (sqlite3.Error, OSError) as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise LedgerError(f"backup of `{ledger_path}` failed: {e}; {_space_hint(folder)}") from e
     problem = check_file(tmp)
     if problem is not None:
@@ -165,7 +170,7 @@ def _prune(ledger_path: Path, *, keep: int) -> None:
         periodic[: max(0, len(periodic) - keep)] + migration[: max(0, len(migration) - KEEP_MIGRATION)]
     ):
         old.path.unlink(missing_ok=True)
-    for stale in backup_dir(ledger_path).glob("*.db.tmp"):  # left by a process killed mid-copy
+    for stale in backup_dir(ledger_path).glob("*.tmp"):  # left by a process killed mid-copy
         if time.time() - stale.stat().st_mtime > 3600:
             stale.unlink(missing_ok=True)
 
