@@ -155,7 +155,7 @@ def test_the_controllers_run_spec_carries_the_tier_budget(make_lab):
         assert "nightlab.harness.attempt" in spec.command  # the supervisor reads it, not train.py
 
 
-def test_a_rung_whose_compile_ran_past_the_warm_up_cap_is_warned_about(tmp_path):
+def test_a_rung_whose_compile_ran_past_the_warm_up_cap_is_warned_about(tmp_path, capsys):
     """The H200 (bench/RESULTS.md): a cold compile outlasted a short budget's warm-up cap and ate
     its timed training; `nightlab rungs` says so for every screening rung where a run's warm-up
     was ended by the cap, with or without promotions."""
@@ -200,3 +200,10 @@ def test_a_rung_whose_compile_ran_past_the_warm_up_cap_is_warned_about(tmp_path)
         [row] = rungs.transfer(lab)
         assert (row["rung"], row["next"], row["n"], row["rho"]) == ("cpu-10s", "cpu", 0, None)
         assert row["warmup"] == report["cpu-10s"]
+        # and `nightlab rungs` prints it, beside the line that there is nothing to correlate yet
+        from nightlab.cli.rungs import command
+
+        command.callback.__wrapped__(lab=lab, as_json=False)
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.splitlines()[0].startswith("no promoted runs yet")
+        assert out.err.splitlines()[1] == f"warning: {report['cpu-10s']['warning']}"
