@@ -185,6 +185,45 @@ def test_bad_usage_is_one_line_and_exit_2():
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("gpu_check: ")
 
 
+@pytest.mark.parametrize("with_dpkg_deb", [True, False])
+def test_the_carried_bubblewrap_deb_is_unpacked_when_the_machine_has_no_bwrap(tmp_path, with_dpkg_deb):
+    """The lent image has no bwrap: gpu_check.sh unpacks the kit's .deb into a temp folder and puts
+    it first on PATH (never into /), and says why not when it cannot."""
+    import shutil
+
+    pkg, wheels, tools = tmp_path / "pkg", tmp_path / "wheels", tmp_path / "bin"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: bubblewrap\nVersion: 0.0-test\nArchitecture: amd64\nMaintainer: t <t@t>\nDescription: t\n"
+    )
+    (pkg / "usr" / "bin").mkdir(parents=True)
+    (pkg / "usr" / "bin" / "bwrap").write_text("#!/bin/sh\necho carried\n")
+    (pkg / "usr" / "bin" / "bwrap").chmod(0o755)
+    wheels.mkdir()
+    subprocess.run(["dpkg-deb", "-b", str(pkg), str(wheels / "bubblewrap_0.0-test_amd64.deb")], check=True)
+    tools.mkdir()  # a PATH with what the script needs and no bwrap
+    needed = ["bash", "dirname", "mktemp", "head", "basename", "ls", "tr", "tar", "env"]
+    for name in needed + (["dpkg-deb"] if with_dpkg_deb else []):
+        (tools / name).symlink_to(shutil.which(name))
+    python = tmp_path / "python"  # stands in for the image's python3: prints what it was handed
+    python.write_text(
+        '#!/bin/bash\n[ "$1" = -c ] && exit 0\necho "kit=$GPU_CHECK_BWRAP"; echo "bwrap=$(bwrap)"\n'
+    )
+    python.chmod(0o755)
+    env = {"PATH": str(tools), "PYTHON": str(python), "GPU_WHEELS": str(wheels), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    if with_dpkg_deb:
+        assert proc.stdout.splitlines() == ["kit=bubblewrap_0.0-test_amd64.deb unpacked", "bwrap=carried"]
+    else:
+        assert (
+            proc.stdout.splitlines()[0]
+            == "kit=bubblewrap_0.0-test_amd64.deb could not be unpacked (no dpkg-deb?)"
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # ~1 min alone; several minutes on the 2-core box under other suites
 def test_rehearsal_end_to_end_on_cpu(tmp_path):
