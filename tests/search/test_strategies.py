@@ -677,6 +677,15 @@ def test_pattern_runs_the_pattern_move_after_an_adoption() -> None:
     again = {"X": "0.9", "Y": "0.0", "Z": "0.5"}  # +0.4 and -0.9 coded, Y clipped at its edge
     assert third[:2] == [again, again]
     assert all(sum(r[n] != point[n] for n in "XYZ") == 1 for r in third[2:])
+    # this move changed two knobs: the wave after it reads its stencil without it, and so does a
+    # resumed search (a new strategy, the past incumbents replayed), which reads it from the runs
+    runs = history + wave1 + [Observation(f"g{i}", r, bowl3(r), wave=2) for i, r in enumerate(third)]
+    centre, read = strategy._last_stencil(runs)
+    assert centre == point and again not in [o.knobs for o in read] and len(read) == len(third) - 2
+    resumed = PatternStrategy(PATTERN_DIMS, step=0.25)
+    for past in (incumbent, best, point, point):
+        resumed.observe_incumbent(past, [bowl3(past)] * 2)
+    assert resumed._last_stencil(runs) == (centre, read)
     # off: no pattern move; and none after a wave that adopted nothing
     plain = PatternStrategy(PATTERN_DIMS, step=0.25, momentum=False)
     plain.observe_incumbent(incumbent, [bowl3(incumbent)] * 2)

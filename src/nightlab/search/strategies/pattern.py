@@ -56,9 +56,8 @@ class PatternStrategy(_SteppedStrategy):
     bench/search_sim.py and did not help (the fits were not convex or overshot). After a wave that
     adopted, the wave also runs Hooke-Jeeves' pattern move twice (`momentum`): the new point moved
     on by the adoption's displacement, all knobs at once, in place of one stencil knob (never the
-    stencil's last two); the next wave reads the stencil without it (the strategy remembers its
-    moves: after a resume a wave that held one is not read as a stencil, and the first wave
-    opens with a stencil around the incumbent, as after any resume without history). Further
+    stencil's last two); the next wave reads the stencil without it (after a resume, the moves
+    are read from the runs: `_moves_in`). Further
     points along the fitted move (x2, x3, x0.5) and a wider stencil while adoptions keep coming
     were measured on bench/search_family.py's dev set and not kept (bench/RESULTS.md, session 35).
 
@@ -104,7 +103,7 @@ class PatternStrategy(_SteppedStrategy):
         self.cover = cover
         self.patience = patience
         self.momentum = momentum
-        self._moves: set[tuple] = set()  # the last wave's pattern moves, kept out of its stencil's fit
+        self._moves: set[tuple] | None = None  # the last wave's pattern moves; None: not proposed here
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
 
@@ -128,8 +127,9 @@ class PatternStrategy(_SteppedStrategy):
         runs = [o for o in history if o.wave == last]
         if any(any(d.name not in o.knobs for d in self.dims) for o in runs):
             return None
-        if self._moves:  # a pattern move changes many knobs at once: not part of the stencil
-            runs = [o for o in runs if _key(o.knobs, self.dims) not in self._moves] or runs
+        moves = self._moves if self._moves is not None else self._moves_in(runs, history, last)
+        if moves:  # a pattern move changes many knobs at once: not part of the stencil
+            runs = [o for o in runs if _key(o.knobs, self.dims) not in moves] or runs
         found = self._stencil_of(runs, history, last)
         if found is None:
             # the repeats of a carried configuration (`_unsettled`) were measured in an earlier
@@ -139,6 +139,27 @@ class PatternStrategy(_SteppedStrategy):
             if rest and len(rest) < len(runs):
                 found = self._stencil_of(rest, history, last)
         return found
+
+    def _moves_in(self, runs: Sequence[Observation], history: Sequence[Observation], last: int) -> set[tuple]:
+        """The pattern moves of a wave this strategy did not propose (a resumed search), read from
+        the runs: after a wave that adopted, a configuration new in the wave, run twice, that differs
+        in more than one knob from a point run once (the centre differs from each in one). A move
+        along the only knob the stencil probed passes for a stencil point there."""
+        if not any(o.adopted for o in history if o.wave == last - 1):
+            return set()
+        earlier = {_key(o.knobs, self.dims) for o in history if o.wave < last}
+        counts = Counter(_key(o.knobs, self.dims) for o in runs)
+        once = [o.knobs for o in runs if counts[_key(o.knobs, self.dims)] == 1]
+        return {
+            _key(o.knobs, self.dims)
+            for o in runs
+            if counts[_key(o.knobs, self.dims)] >= 2
+            and _key(o.knobs, self.dims) not in earlier
+            and any(
+                sum(parse_value(o.knobs[d.name]) != parse_value(p[d.name]) for d in self.dims) > 1
+                for p in once
+            )
+        }
 
     def _stencil_of(
         self, runs: Sequence[Observation], history: Sequence[Observation], last: int
