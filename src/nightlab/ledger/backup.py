@@ -3,7 +3,7 @@
 The ledger is the lab's one source of truth, so the controller copies it while it runs:
 every `BACKUP_INTERVAL` seconds and before any schema migration, with SQLite's online
 backup API (`sqlite3.Connection.backup`), which copies a consistent snapshot page by page
-while other processes keep reading and writing. Each copy is written to a `.tmp` name,
+while other processes keep reading and writing. Each copy is written to a temporary name (`nightlab.atomic`),
 checked with `PRAGMA quick_check`, and only then renamed into
 `.nightlab/backups/ledger-YYYYmmddTHHMMSSZ.db`, so a backup on disk is always whole and
 readable; a copy of an already corrupt ledger is refused and the older good ones stay.
@@ -16,7 +16,7 @@ under a second, and readers and writers are blocked for none of it (WAL mode).
     path = take_backup(lab_dir / ".nightlab" / "ledger.db")   # what the controller does
     restore_backup(lab_dir)                                    # `nightlab doctor --restore`
 
-stdlib only, and no import of `nightlab.ledger`: the ledger calls this before migrating.
+stdlib and `nightlab.atomic` only, no import of `nightlab.ledger`: the ledger calls this before migrating.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nightlab.atomic import atomic_path
 from nightlab.errors import LedgerError, NightlabError, UsageError
 
 BACKUP_INTERVAL = 600.0  # seconds between the controller's backups: at most 10 minutes of a night lost
@@ -116,39 +116,32 @@ def take_backup(
     now = time.time()
     suffix = f"-pre-v{pre_migration_of}" if pre_migration_of is not None else ""
     final = folder / f"ledger-{_stamp(now)}{suffix}.db"
-    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        # a name of its own: two copies begun in the same millisecond must not share one
-        # (SQLite then fails the one whose file the other renamed: "readonly database")
-        fd, name = tempfile.mkstemp(dir=folder, prefix=final.name + ".", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(name)
-        # a connection of its own: a migration calls this holding the write lock on its own
-        # connection, and SQLite's backup from a connection inside a write transaction never ends
-        src = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
-        try:
-            dest = sqlite3.connect(tmp)
+        # unique: two copies begun in the same millisecond must not share a temporary (SQLite
+        # fails the one whose file the other renamed: "attempt to write a readonly database")
+        with atomic_path(final, unique=True) as tmp:
+            # a connection of its own: a migration calls this holding the write lock on its own
+            # connection, and SQLite's backup from a connection inside a write transaction never ends
+            src = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
             try:
-                src.backup(dest)
-                # a copy is one self-contained file: no -wal / -shm beside it
-                dest.execute("PRAGMA journal_mode = DELETE")
+                dest = sqlite3.connect(tmp)
+                try:
+                    src.backup(dest)
+                    # a copy is one self-contained file: no -wal / -shm beside it
+                    dest.execute("PRAGMA journal_mode = DELETE")
+                finally:
+                    dest.close()
             finally:
-                dest.close()
-        finally:
-            src.close()
+                src.close()
+            problem = check_file(tmp)
+            if problem is not None:
+                raise LedgerError(
+                    f"backup of `{ledger_path}` refused: the copy fails its integrity check ({problem}); "
+                    "the ledger itself may be damaged: run `nightlab doctor`"
+                )
     except (sqlite3.Error, OSError) as e:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
         raise LedgerError(f"backup of `{ledger_path}` failed: {e}; {_space_hint(folder)}") from e
-    problem = check_file(tmp)
-    if problem is not None:
-        tmp.unlink(missing_ok=True)
-        raise LedgerError(
-            f"backup of `{ledger_path}` refused: the copy fails its integrity check ({problem}); "
-            "the ledger itself may be damaged: run `nightlab doctor`"
-        )
-    os.replace(tmp, final)
     _prune(ledger_path, keep=keep)
     return final
 
@@ -170,7 +163,7 @@ def _prune(ledger_path: Path, *, keep: int) -> None:
         periodic[: max(0, len(periodic) - keep)] + migration[: max(0, len(migration) - KEEP_MIGRATION)]
     ):
         old.path.unlink(missing_ok=True)
-    for stale in backup_dir(ledger_path).glob("*.tmp"):  # left by a process killed mid-copy
+    for stale in backup_dir(ledger_path).glob(".*.tmp.db"):  # left by a process killed mid-copy
         if time.time() - stale.stat().st_mtime > 3600:
             stale.unlink(missing_ok=True)
 
