@@ -212,9 +212,9 @@ def test_a_retry_after_a_controller_sigkill_starts_once_the_old_attempt_is_gone(
 @pytest.mark.parametrize("sandbox", SANDBOX)
 def test_health_counts_the_cpu_train_py_used(builtin_lab, sandbox):
     """The ledger's CPU seconds cover train.py's own, in its session (and its sandbox), not only the supervisor's."""
-    # 6 CPU-s of its own, whatever the CPU's speed (a count of loops burnt 7 s on one box and 1.8 s on
-    # a faster one, under what the supervisor alone costs on a slow one, ~3.4 s: Python, its torch
-    # import, which is all the ledger recorded before the fix)
+    # 6 CPU-s of its own, whatever the CPU's speed or load (a count of loops burnt ~7 s in one run and
+    # 1.8 s in another on the same box, under what the supervisor alone can cost, ~3.4 s: Python, its
+    # torch import, which is all the ledger recorded before the fix)
     lab = builtin_lab(BURNER.replace("WORK", "6.0"), sandbox=sandbox)
     eid = submit(lab)
     wait_json(lab, eid, timeout=300)

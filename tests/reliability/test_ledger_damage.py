@@ -177,6 +177,28 @@ def test_a_backup_is_taken_before_a_migration(tmp_path, monkeypatch):
     conn.close()
 
 
+def test_a_copy_killed_mid_way_is_swept_after_an_hour_and_one_in_progress_is_not(tmp_path):
+    from nightlab import ledger as ledger_mod
+
+    db = tmp_path / ".nightlab" / "ledger.db"
+    db.parent.mkdir()
+    with ledger_mod.Ledger(db, create=True) as ledger:
+        ledger.log_event("one")
+    folder = backup.backup_dir(db)
+    folder.mkdir()
+    # the names `atomic_path(unique=True)` gives a copy's temporary (pid, thread id)
+    stale = folder / ".ledger-20261204T101010.123Z.41.42.tmp.db"
+    fresh = folder / ".ledger-20261204T111010.123Z.43.44.tmp.db"
+    stale.write_bytes(b"half a copy")
+    fresh.write_bytes(b"a copy under way")
+    hour_ago = time.time() - 3700
+    os.utime(stale, (hour_ago, hour_ago))
+    taken = backup.take_backup(db)
+    assert not stale.exists()  # a process killed mid-copy leaves it; nothing else would remove it
+    assert fresh.exists()  # another process may still be writing it
+    assert [b.path for b in backup.list_backups(db)] == [taken]
+
+
 def test_doctor_names_a_dead_controller_its_leases_and_missing_refs(fast_lab):
     lab = fast_lab(slots=2, sleep=30)
     ids = submit_many(lab, 3)
