@@ -9,6 +9,9 @@ on one worker, one after the other, sharing it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -67,3 +70,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: slow_first(item.nodeid))  # stable: each file keeps its order
+
+
+# The niceness of a `ONE_WORKER` folder's services while other workers share the box.
+BACKGROUND_NICE = 19
+
+
+@contextlib.contextmanager
+def in_the_background(config: pytest.Config) -> Iterator[int]:
+    """Under xdist, run the block (and every process it starts) at nice `BACKGROUND_NICE`; yields the niceness.
+
+    tests/skypilot_real's services (Slurm, sshd, the SkyPilot API server, the clusters' skylets and
+    set-up) are waits on machinery that can use whatever CPU the other worker leaves, while the
+    other worker's tests time real trainings against their budgets and graces: at equal priority the
+    three launches (load 13-25 on two cores) made an honest hand-in late. At nice 19 they take
+    ~1.5 % of a core the other worker wants and all of one it leaves idle. Children inherit the
+    niceness; Slurm's job steps take slurmd's (`PropagatePrioProcess=0`, its default). A serial run
+    keeps its priority: nothing else of the suite runs beside it. Linux sets niceness per thread, so
+    the calling thread's is set and put back (raising it again needs root, which the folder needs anyway).
+    """
+    if not hasattr(config, "workerinput") or os.geteuid() != 0:
+        yield os.getpriority(os.PRIO_PROCESS, 0)
+        return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
+    try:
+        yield BACKGROUND_NICE
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)

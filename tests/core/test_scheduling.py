@@ -69,3 +69,36 @@ def test_the_real_services_go_when_their_folder_ends_not_with_the_session():
     down = next(i for i, line in enumerate(lines) if line.split() == ["TEARDOWN", "P", "local_sky"])
     after = next(i for i, line in enumerate(lines) if "tests/core/test_scheduling.py::" in line)
     assert down < after
+
+
+def test_a_one_worker_folder_s_services_run_niced_under_xdist_and_the_worker_gets_its_priority_back():
+    """`in_the_background`: under xdist (a config with `workerinput`) the block and what it starts
+    run at `BACKGROUND_NICE`; the thread's niceness is put back after it; a serial run is untouched."""
+    import threading
+    from types import SimpleNamespace
+
+    from scheduling import BACKGROUND_NICE, in_the_background
+
+    seen: dict[str, object] = {}
+
+    def child_nice() -> int:  # field 19 of /proc/<pid>/stat: a process started inside the block
+        out = subprocess.run(["cat", "/proc/self/stat"], capture_output=True, text=True, check=True).stdout
+        return int(out.rsplit(")", 1)[1].split()[16])
+
+    def run() -> None:  # a thread of its own: Linux's niceness is per thread; the test's stays as it is
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, 0)
+        with in_the_background(SimpleNamespace()) as nice:
+            seen["serial"] = (nice, os.getpriority(os.PRIO_PROCESS, 0), child_nice())
+        with in_the_background(SimpleNamespace(workerinput={"workerid": "gw0"})) as nice:
+            seen["xdist"] = (nice, os.getpriority(os.PRIO_PROCESS, 0), child_nice())
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, 0)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    before = seen["before"]
+    assert seen["serial"] == (before, before, before)
+    # only root may give the priority back, and the folder needs root: without it nothing is niced
+    expected = BACKGROUND_NICE if os.geteuid() == 0 else before
+    assert seen["xdist"] == (expected, expected, expected)
+    assert seen["after"] == before

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from localsky import POOL_WORKERS, SLURM_CLUSTER, LocalSky, add_pool, stop_pid, worker_yaml  # noqa: E402
 
 from labkit import GIT_ENV, SYNTHETIC_TRAIN, commit, nightlab  # noqa: E402
+from scheduling import in_the_background  # noqa: E402
 
 # the node's CPUs: the 4-GPU cluster (4 per GPU, SkyPilot's default: 16) and the two 2-CPU
 # workers are allocated at the same time (their launches overlap); jobs here are sleeps and tiny scripts
@@ -64,17 +65,21 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 @pytest.fixture(scope="package")
-def local_sky(watchdog):
-    """A running LocalSky: `local_sky.environ()` is the environment to run nightlab and sky in."""
-    local = LocalSky(cpus=NODE_CPUS, watchdog=watchdog)
-    try:
-        local.up()
-    except Exception as e:
-        pytest.fail(f"the local Slurm + SkyPilot cluster did not start: {e}", pytrace=False)
-    try:
-        yield local
-    finally:
-        local.down()
+def local_sky(watchdog, pytestconfig):
+    """A running LocalSky: `local_sky.environ()` is the environment to run nightlab and sky in.
+
+    Under xdist it and everything the folder starts run niced (`scheduling.in_the_background`).
+    """
+    with in_the_background(pytestconfig):
+        local = LocalSky(cpus=NODE_CPUS, watchdog=watchdog)
+        try:
+            local.up()
+        except Exception as e:
+            pytest.fail(f"the local Slurm + SkyPilot cluster did not start: {e}", pytrace=False)
+        try:
+            yield local
+        finally:
+            local.down()
 
 
 class Background:
