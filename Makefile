@@ -29,13 +29,12 @@ format: $(STAMP)
 
 # .ci/install-test-deps installs the Debian packages the tests need when run as root; the run then
 # says, before the first test, what is still missing and what it costs (tests/needs.py).
-# `make test TEST_WORKERS=2` runs two pytest-xdist workers, each taking whole files (a file's tests
-# share their module fixtures and run in order), the slowest files first (tests/scheduling.py
-# SLOW_FIRST; tests/skypilot_real is one unit on one worker): ~30 min of tests on the 2-core box
-# against ~44 serially. Off by default: of three fresh-clone runs with two workers, two failed one
-# test, the same one, a real training's hand-in just past its grace while tests/skypilot_real's
-# launches loaded both cores (bench/RESULTS.md 2026-12-03); the serial suite has passed CI each time.
-TEST_WORKERS ?= 0
+# `make test` runs two pytest-xdist workers, each taking whole files (a file's tests share their
+# module fixtures and run in order), the slowest files first (tests/scheduling.py SLOW_FIRST;
+# tests/skypilot_real is one unit on one worker, its services in a background cgroup weighing one
+# process: `in_the_background`): ~16 min of tests on the 2-core box against ~26 serially
+# (bench/RESULTS.md 2026-12-05). `make test TEST_WORKERS=0` runs them in one process, in file order.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	bash .ci/install-test-deps
 	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

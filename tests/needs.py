@@ -140,7 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     for item in items:
         item.stash[_KEY] = needs_of(item)
-    # under pytest-xdist (`make test TEST_WORKERS=2`) every worker collects, and a worker's
+    # under pytest-xdist (`make test`) every worker collects, and a worker's
     # terminal reporter writes nowhere: the first worker says the lines, on stderr, once
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker not in (None, "gw0"):

@@ -1,4 +1,4 @@
-"""How `make test TEST_WORKERS=2` hands files to pytest-xdist workers (a pytest plugin, loaded by conftest.py).
+"""How `make test` (two workers by default) hands files to pytest-xdist workers (a pytest plugin, loaded by conftest.py).
 
 `--dist loadfile` gives each worker whole files, so a file's module fixtures are built once. Some
 folders share a fixture too costly to start twice: the real Slurm cluster and SkyPilot API
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +35,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 # The files that take minutes, slowest first (`--durations`, bench/RESULTS.md 2026-12-03).
-# `make test TEST_WORKERS=2` runs two pytest-xdist workers that take whole files in collection order
+# `make test` runs two pytest-xdist workers that take whole files in collection order
 # (`--dist loadfile --no-loadscope-reorder`): started first, the long files run beside the many short
 # ones instead of leaving one worker alone at the end. A scheduling hint only: a file missing here
 # runs all the same.
@@ -72,29 +74,72 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: slow_first(item.nodeid))  # stable: each file keeps its order
 
 
-# The niceness of a `ONE_WORKER` folder's services while other workers share the box.
+# How a `ONE_WORKER` folder's services share the box with the other workers (`in_the_background`).
 BACKGROUND_NICE = 19
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (this kind of machine has it)
+BACKGROUND_SHARES = 1024  # the whole group weighs what one process weighs (cgroup v1's default)
+
+
+def cpu_cgroup_of(tid: int | str = "thread-self") -> Path | None:
+    """The cgroup v1 cpu group a thread is in (a path under `CPU_CGROUP`); None without cgroup v1's cpu."""
+    try:
+        lines = Path(f"/proc/{tid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return CPU_CGROUP / path.lstrip("/")
+    return None
+
+
+def _background_group(parent: Path) -> Path | None:
+    """A fresh group under `parent` with `BACKGROUND_SHARES`; None where cgroups cannot be made (not root,
+    cgroup v2 only, a read-only /sys). Empty groups of earlier runs are removed first."""
+    for stale in parent.glob("nightlab-tests-*"):
+        with contextlib.suppress(OSError):
+            stale.rmdir()  # fails while a process is still in it: left alone
+    group = parent / f"nightlab-tests-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cpu.shares").write_text(str(BACKGROUND_SHARES))
+    except OSError:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return None
+    return group
 
 
 @contextlib.contextmanager
-def in_the_background(config: pytest.Config) -> Iterator[int]:
-    """Under xdist, run the block (and every process it starts) at nice `BACKGROUND_NICE`; yields the niceness.
+def in_the_background(config: pytest.Config) -> Iterator[Path | None]:
+    """Under xdist, run the block and every process it starts as one background group; yields the
+    cgroup (None where there is none: then only niced).
 
-    tests/skypilot_real's services (Slurm, sshd, the SkyPilot API server, the clusters' skylets and
-    set-up) are waits on machinery that can use whatever CPU the other worker leaves, while the
-    other worker's tests time real trainings against their budgets and graces: at equal priority the
-    three launches (load 13-25 on two cores) made an honest hand-in late. At nice 19 they take
-    ~1.5 % of a core the other worker wants and all of one it leaves idle. Children inherit the
-    niceness; Slurm's job steps take slurmd's (`PropagatePrioProcess=0`, its default). A serial run
-    keeps its priority: nothing else of the suite runs beside it. Linux sets niceness per thread, so
-    the calling thread's is set and put back (raising it again needs root, which the folder needs anyway).
+    tests/skypilot_real's services (Slurm, sshd, the SkyPilot API server, each cluster's skylet and
+    set-up: ~200 processes at the launches, load 13-25 on two cores) are waits on machinery that can
+    use whatever CPU the other worker leaves, while that worker's tests time real trainings against
+    their budgets and graces: side by side at equal weight, an honest hand-in came late. Niceness
+    alone does not bound them: the kernel's autogroups make each session (sshd's, slurmstepd's, the
+    API server's) weigh as much as the test's process whatever its niceness. A cgroup v1 cpu group
+    with `BACKGROUND_SHARES` makes the whole folder weigh as one process; its processes inherit it
+    (Slurm's job steps too: `proctrack/linuxproc` and `task/none` move nothing). Niced as well, for a
+    machine without cgroup v1. A serial run is untouched: nothing of the suite runs beside it. Both
+    are per thread on Linux: the calling thread's are set and put back (needs root, as the folder does).
     """
     if not hasattr(config, "workerinput") or os.geteuid() != 0:
-        yield os.getpriority(os.PRIO_PROCESS, 0)
+        yield None
         return
-    before = os.getpriority(os.PRIO_PROCESS, 0)
+    tid = threading.get_native_id()
+    nice, home = os.getpriority(os.PRIO_PROCESS, 0), cpu_cgroup_of()
+    group = _background_group(home) if home is not None else None
     os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
+    if group is not None:
+        (group / "tasks").write_text(str(tid))
     try:
-        yield BACKGROUND_NICE
+        yield group
     finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if group is not None and home is not None:
+            (home / "tasks").write_text(str(tid))
+            with contextlib.suppress(OSError):
+                group.rmdir()  # a process still in it keeps it; the next run's `_background_group` removes it

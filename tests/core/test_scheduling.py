@@ -71,34 +71,49 @@ def test_the_real_services_go_when_their_folder_ends_not_with_the_session():
     assert down < after
 
 
-def test_a_one_worker_folder_s_services_run_niced_under_xdist_and_the_worker_gets_its_priority_back():
-    """`in_the_background`: under xdist (a config with `workerinput`) the block and what it starts
-    run at `BACKGROUND_NICE`; the thread's niceness is put back after it; a serial run is untouched."""
+def test_a_one_worker_folder_s_services_run_as_one_background_group_under_xdist_and_the_worker_gets_back():
+    """`in_the_background`: under xdist (a config with `workerinput`) a process started in the block
+    runs niced and, where cgroup v1's cpu controller can be used, in a group weighing one process;
+    after the block the thread's niceness and group are its own again and the empty group is gone.
+    A serial run is untouched."""
     import threading
     from types import SimpleNamespace
 
-    from scheduling import BACKGROUND_NICE, in_the_background
+    from scheduling import BACKGROUND_NICE, BACKGROUND_SHARES, cpu_cgroup_of, in_the_background
 
     seen: dict[str, object] = {}
 
-    def child_nice() -> int:  # field 19 of /proc/<pid>/stat: a process started inside the block
-        out = subprocess.run(["cat", "/proc/self/stat"], capture_output=True, text=True, check=True).stdout
-        return int(out.rsplit(")", 1)[1].split()[16])
+    def child() -> tuple[int, Path | None]:  # the niceness (stat's field 19) and cpu group of a new process
+        proc = subprocess.Popen(["sleep", "5"])
+        try:
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            return int(stat.rsplit(")", 1)[1].split()[16]), cpu_cgroup_of(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
 
-    def run() -> None:  # a thread of its own: Linux's niceness is per thread; the test's stays as it is
-        seen["before"] = os.getpriority(os.PRIO_PROCESS, 0)
-        with in_the_background(SimpleNamespace()) as nice:
-            seen["serial"] = (nice, os.getpriority(os.PRIO_PROCESS, 0), child_nice())
-        with in_the_background(SimpleNamespace(workerinput={"workerid": "gw0"})) as nice:
-            seen["xdist"] = (nice, os.getpriority(os.PRIO_PROCESS, 0), child_nice())
-        seen["after"] = os.getpriority(os.PRIO_PROCESS, 0)
+    def run() -> None:  # a thread of its own: both are per thread on Linux; the test's stay as they are
+        seen["before"] = (os.getpriority(os.PRIO_PROCESS, 0), cpu_cgroup_of())
+        with in_the_background(SimpleNamespace()) as group:
+            seen["serial"] = (group, child())
+        with in_the_background(SimpleNamespace(workerinput={"workerid": "gw0"})) as group:
+            shares = (group / "cpu.shares").read_text().strip() if group else None
+            seen["xdist"] = (group, shares, child())
+        seen["after"] = (os.getpriority(os.PRIO_PROCESS, 0), cpu_cgroup_of())
 
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    before = seen["before"]
-    assert seen["serial"] == (before, before, before)
-    # only root may give the priority back, and the folder needs root: without it nothing is niced
-    expected = BACKGROUND_NICE if os.geteuid() == 0 else before
-    assert seen["xdist"] == (expected, expected, expected)
-    assert seen["after"] == before
+    nice, home = seen["before"]
+    assert seen["serial"] == (None, (nice, home))
+    assert seen["after"] == (nice, home)
+    group, shares, started = seen["xdist"]
+    if os.geteuid() != 0:  # only root may give the priority back, and the folder needs root
+        assert (group, started) == (None, (nice, home))
+        return
+    if group is None:  # no usable cgroup v1 here: niced only
+        assert started == (BACKGROUND_NICE, home)
+        return
+    assert started == (BACKGROUND_NICE, group) and group.parent == home
+    assert shares == str(BACKGROUND_SHARES)
+    assert not group.exists()  # removed once empty

@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(items) -> None:
 def local_sky(watchdog, pytestconfig):
     """A running LocalSky: `local_sky.environ()` is the environment to run nightlab and sky in.
 
-    Under xdist it and everything the folder starts run niced (`scheduling.in_the_background`).
+    Under xdist it and everything the folder starts run as one background group (`scheduling.in_the_background`).
     """
     with in_the_background(pytestconfig):
         local = LocalSky(cpus=NODE_CPUS, watchdog=watchdog)
