@@ -201,9 +201,11 @@ class Singleton:
             previous = None
             if on_stop is not None and threading.current_thread() is threading.main_thread():
                 previous = signal.signal(signal.SIGTERM, on_stop)
-            self.pid_path.write_text(str(os.getpid()))
+            # the starter's note goes first: whoever sees the pid sees the start over (under load
+            # a reader once saw the pid while the note was still there)
             if _read_pid(self.starting_path) == os.getpid():
                 self.starting_path.unlink(missing_ok=True)
+            self.pid_path.write_text(str(os.getpid()))
             try:
                 yield True
             finally:

@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest -q tests/integrity (a run each, ~10-30 s on the 
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -132,33 +133,44 @@ def test_monkeypatching_the_harness_in_process_changes_nothing(attack, honest):
     assert run.val_bpb == honest.val_bpb
 
 
-def test_patching_the_installed_harness_on_disk_is_caught(attack, honest):
-    """Protection: read-only package in the sandbox; unsandboxed, the hash check names the file."""
+def test_patching_the_installed_harness_on_disk_is_caught(attack, honest, tmp_path):
+    """Protection: read-only package in the sandbox; unsandboxed, the hash check names the file.
+
+    The runs import a copy of the package (`PYTHONPATH`), so the unsandboxed write lands in the
+    copy: the suite's own files are what the other xdist worker's runs are checked against (a patch
+    of them there once made an honest run `invalid` beside this test)."""
+    import nightlab
     import nightlab.harness.scorer as scorer
 
-    target = Path(scorer.__file__)
-    original = target.read_bytes()
+    own = Path(scorer.__file__)
+    original = own.read_bytes()
+    site = tmp_path / "site"
+    shutil.copytree(
+        Path(nightlab.__file__).parent, site / "nightlab", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = site / "nightlab" / "harness" / "scorer.py"
+    env = {"PYTHONPATH": str(site)}
     patch = (
         "import nightlab.harness.scorer as S\n"
+        "print('patching', S.__file__)\n"
         "try:\n"
         "    with open(S.__file__, 'a') as f:\n"
         "        f.write('\\n_PROBE_ROWS_MAX = 0  # pwned\\n')\n"
         "except OSError as e:\n"
         "    print('could not patch:', e)\n" + BATCHES
     )
-    try:
-        if SANDBOXED:
-            boxed = attack(edit(template(), BATCHES, patch))
-            assert "could not patch" in boxed.log and "Read-only file system" in boxed.log
-            assert target.read_bytes() == original
-            assert boxed.val_bpb == honest.val_bpb
-        run = attack(edit(template(), BATCHES, patch), sandbox=False)
-        assert target.read_bytes() != original  # unsandboxed, the write landed ...
-        assert (
-            run.outcome == "invalid" and "harness/scorer.py` was modified" in run.detail
-        )  # ... and was caught
-    finally:
-        target.write_bytes(original)
+    if SANDBOXED:
+        boxed = attack(edit(template(), BATCHES, patch), env=env)
+        assert "could not patch" in boxed.log and "Read-only file system" in boxed.log
+        assert target.read_bytes() == original
+        assert boxed.val_bpb == honest.val_bpb
+    run = attack(edit(template(), BATCHES, patch), env=env, sandbox=False)
+    assert f"patching {target}" in run.log  # the run's harness is the copy ...
+    assert target.read_bytes() != original  # ... unsandboxed, the write landed there ...
+    assert (
+        run.outcome == "invalid" and f"harness file `{target}` was modified" in run.detail
+    )  # ... and was caught
+    assert own.read_bytes() == original  # the suite's own package was never touched
 
 
 def test_a_model_that_is_causal_only_when_it_thinks_it_is_probed_is_invalid(attack, honest):
