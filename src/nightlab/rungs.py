@@ -7,9 +7,10 @@ hardware class at a budget. Results compare within a tier only, as ever, so a 10
 
 Successive halving, ASHA-style (Li et al., 2020), with no wave barrier: each time a run on a
 screening rung finishes, every screening candidate of that rung is ranked (by its snapshot's mean
-on the rung) among every snapshot the rung has measured in the comparison epoch in force; one in
-the top floor(n / eta) is promoted to the next rung at once, unless the incumbent, measured on
-the rung, is ahead of it (a run that loses to the incumbent on the screen is not worth a full
+on the rung) among the snapshots the rung had measured in the comparison epoch in force when its
+own run finished (so a controller that reviews late decides as one on time), and, failing that,
+among every snapshot measured now (the cut-off grows with the rung); one in the top floor(n / eta)
+is promoted to the next rung at once, unless the incumbent, measured on the rung, is ahead of it (a run that loses to the incumbent on the screen is not worth a full
 run). Only the last rung judges, with the sound rule of `judge.py` (two runs a side, t
 threshold, Sidak). Every decision, promoted or not, is stored with its rank and cut-off in the
 screening wave's spec (`rungs`), which `show`, `results` and the dashboard read.
@@ -209,23 +210,32 @@ def _on_tier(ledger: Any, wave: Wave, tier: str) -> bool:
     )
 
 
-def _ranking(lab: Lab, tier: str) -> tuple[dict[str, float], str]:
-    """identity -> mean metric on `tier` in the epoch in force (runs the harness recorded at another
-    budget than the tier's today left out), and the incumbent's identity."""
+def _ranking(lab: Lab, tier: str) -> tuple[list[tuple[str, float, float]], str]:
+    """(identity, metric, finished_at) of every ok run on `tier` in the epoch in force (runs the
+    harness recorded at another budget than the tier's today left out), and the incumbent's identity."""
     from nightlab import identity
 
     epoch = identity.epoch_key(lab.config)
     name = lab.config.metric.name
     budget = budget_of(lab.config, tier)
-    values: dict[str, list[float]] = {}
+    runs = []
     for e in lab.ledger.experiments(tier=tier):
         value = e.metric(name) if e.ok else None
         ran = e.metrics.get("budget_seconds")  # the harness's record of the run's budget
         if isinstance(ran, (int, float)) and budget is not None and float(ran) != budget:
             continue  # the tier's budget changed since: that run screened at another rung
         if value is not None and math.isfinite(value) and (not e.epoch or e.epoch == epoch):
-            values.setdefault(e.identity, []).append(value)
-    return {t: statistics.fmean(v) for t, v in values.items()}, lab.head_identity()
+            runs.append((e.identity, value, e.finished_at or math.inf))
+    return runs, lab.head_identity()
+
+
+def _means(runs: list[tuple[str, float, float]], until: float = math.inf) -> dict[str, float]:
+    """identity -> mean metric of the runs that had finished by `until`."""
+    values: dict[str, list[float]] = {}
+    for who, value, finished in runs:
+        if finished <= until:
+            values.setdefault(who, []).append(value)
+    return {t: statistics.fmean(v) for t, v in values.items()}
 
 
 def _candidates(lab: Lab, tier: str) -> list[tuple[Wave, Experiment]]:
@@ -279,17 +289,22 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
     candidates = _candidates(lab, tier)
     if not candidates:
         return []
-    means, head = _ranking(lab, tier)
+    runs, head = _ranking(lab, tier)
     eta = lab.config.search.eta
     sign = 1.0 if lab.config.metric.lower_is_better else -1.0
-    order = sorted(means, key=lambda t: sign * means[t])
-    seen = len(order)
-    cutoff = seen // eta
+
+    def ranked(means: dict[str, float], who: str, **fields: Any) -> Decision:
+        order = sorted(means, key=lambda t: sign * means[t])
+        behind = head in means and sign * means[head] <= sign * means[who]
+        rank, seen = order.index(who) + 1, len(order)
+        return Decision(rank=rank, seen=seen, cutoff=seen // eta, eta=eta, behind_incumbent=behind, **fields)
+
+    now = _means(runs)
     made: list[Decision] = []
     to_promote: list[tuple[int, Wave, Experiment, int]] = []
     for wave, e in candidates:
         old = decisions_for(wave).get(e.id) or {}
-        if old.get("promoted") or e.identity not in means:
+        if old.get("promoted") or e.identity not in now:
             continue
         asha = wave.spec[SPEC_KEY]
         to = str(asha.get("to") or next_rung(lab.config, tier) or "")
@@ -297,17 +312,12 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
             continue
         cap = asha.get("max_promotions")  # a search's `--top`: at most that many from one wave
         capped = cap is not None and decision_count(lab.ledger.wave(wave.id)) >= int(cap)
-        behind = head in means and sign * means[head] <= sign * means[e.identity]
-        decision = Decision(
-            tier=tier,
-            to=to,
-            rank=order.index(e.identity) + 1,
-            seen=seen,
-            cutoff=cutoff,
-            eta=eta,
-            behind_incumbent=behind,
-            capped=capped,
-        )
+        # as it stood when its run finished ("as soon as"), so a review that comes late (a busy
+        # controller) decides as one on time; else as it stands now: the cut-off grows with the rung
+        then = _means(runs, until=e.finished_at or math.inf)
+        decision = ranked(then, e.identity, tier=tier, to=to, capped=capped) if e.identity in then else None
+        if decision is None or not decision.qualifies:
+            decision = ranked(now, e.identity, tier=tier, to=to, capped=capped)
         if not _claim(lab, wave.id, e.id, decision):
             continue
         made.append(decision)
@@ -323,7 +333,7 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
                 [e.id],
                 tier=decision.to,
                 repeats=repeats,
-                description=f"promote {e.id} from rung {tier} (rank {decision.rank} of {seen}) to {decision.to}",
+                description=f"promote {e.id} from rung {tier} (rank {decision.rank} of {decision.seen}) to {decision.to}",
                 start_controller=start_controller,
             )
         except Exception as err:  # noqa: BLE001 - re-raised below, once the others are promoted
@@ -337,7 +347,7 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
         _set_promoted(lab, wave.id, e.id, promoted.wave.id)
         made[i] = Decision(**{**decision.to_dict(), "promoted": promoted.wave.id})
         lab.ledger.log_event(
-            "promote", e.id, to=decision.to, wave=promoted.wave.id, rank=decision.rank, seen=seen
+            "promote", e.id, to=decision.to, wave=promoted.wave.id, rank=decision.rank, seen=decision.seen
         )
     if failed is not None:
         raise failed
@@ -478,7 +488,7 @@ def transfer(lab: Lab) -> list[dict[str, Any]]:
 
     def means(tier: str) -> dict[str, float]:
         if tier not in cache:
-            cache[tier] = _ranking(lab, tier)[0]
+            cache[tier] = _means(_ranking(lab, tier)[0])
         return cache[tier]
 
     def add(exp_id: str, tier: str, to: str) -> None:

@@ -308,6 +308,56 @@ def test_promote_wave_and_the_search_loops_successive_halving_promote_the_same_c
     assert (decisions[d.id]["rank"], decisions[d.id]["seen"], decisions[d.id]["cutoff"]) == (2, 3, 1)
 
 
+@pytest.mark.parametrize("review", ["after-each-run", "once-at-the-end"])
+def test_successive_halving_decides_as_of_each_run_s_end_so_a_late_review_promotes_the_same(
+    review, lab, monkeypatch
+):
+    """Five screening runs end one after the other, each better than the last but the first two:
+    reviewed after each run (the controller keeping up), the third, fourth and fifth are each in
+    the top third of the rung when they end. A controller that reviews only at the end (busy, on a
+    loaded box: seen in CI) used to rank the third among all six snapshots and drop it."""
+    from types import SimpleNamespace
+
+    from nightlab import judge, rungs
+
+    ctrl = _controller(lab)
+    _measure_incumbent(lab, ctrl, [1.00, 1.00])
+    wave = waves.submit_wave(
+        lab,
+        [{"LR": f"0.0{i}"} for i in range(2, 7)],
+        design="full",
+        description="screen",
+        tier="cpu",
+        spec=rungs.screen_spec("cpu", 2),
+        start_controller=False,
+    )
+    promoted: list[str] = []
+
+    def promote(lab, ids, **_):
+        promoted.extend(ids)
+        return SimpleNamespace(wave=SimpleNamespace(id=f"w-{ids[0]}", spec={}))
+
+    monkeypatch.setattr(waves, "promote", promote)
+    if review == "once-at-the-end":
+        monkeypatch.setattr(judge.Judge, "_review_rung", lambda self, tier: None)
+    values, ended = iter([1.05, 1.08, 0.99, 0.97, 0.95]), []
+    while (attempt := lab.ledger.lease_next("cpu-0", "cpu")) is not None:
+        ended.append(attempt.experiment_id)
+        ctrl._finish(attempt, outcome=Outcome("ok"), detail=None, metrics={"val_bpb": next(values)})
+    assert len(ended) == 5 and set(ended) == {e.id for e in wave.experiments}
+    if review == "once-at-the-end":
+        assert not promoted
+        rungs.review(lab, "cpu")
+    assert sorted(promoted) == sorted(ended[2:])
+    why = rungs.decisions_for(lab.ledger.wave(wave.wave.id))
+    assert (why[ended[2]]["rank"], why[ended[2]]["seen"], why[ended[2]]["cutoff"]) == (
+        1,
+        4,
+        1,
+    )  # when it ended
+    assert (why[ended[1]]["rank"], why[ended[1]]["seen"]) == (6, 6)  # never in the top: as it stands now
+
+
 def test_waves_and_submit_apply_knobs_by_one_rule(lab):
     wave = waves.submit_wave(
         lab,
