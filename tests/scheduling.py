@@ -133,8 +133,11 @@ def in_the_background(config: pytest.Config) -> Iterator[Path | None]:
     nice, home = os.getpriority(os.PRIO_PROCESS, 0), cpu_cgroup_of()
     group = _background_group(home) if home is not None else None
     os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
-    if group is not None:
-        (group / "tasks").write_text(str(tid))
+    try:
+        if group is not None:
+            (group / "tasks").write_text(str(tid))
+    except OSError:  # removed under us (another run's sweep of empty groups): niced only
+        group = None
     try:
         yield group
     finally:
