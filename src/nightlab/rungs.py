@@ -10,10 +10,11 @@ screening rung finishes, every screening candidate of that rung is ranked (by it
 on the rung) among the snapshots the rung had measured in the comparison epoch in force when its
 own run finished (so a controller that reviews late decides as one on time), and, failing that,
 among every snapshot measured now (the cut-off grows with the rung); one in the top floor(n / eta)
-is promoted to the next rung at once, unless the incumbent, measured on the rung, is ahead of it (a run that loses to the incumbent on the screen is not worth a full
-run). Only the last rung judges, with the sound rule of `judge.py` (two runs a side, t
-threshold, Sidak). Every decision, promoted or not, is stored with its rank and cut-off in the
-screening wave's spec (`rungs`), which `show`, `results` and the dashboard read.
+is promoted to the next rung at once, unless the incumbent, measured on the rung, is ahead of it
+(a run that loses to the incumbent on the screen is not worth a full run). Only the last rung
+judges, with the sound rule of `judge.py` (two runs a side, t threshold, Sidak). Every decision,
+promoted or not, is stored with its rank and cut-off in the screening wave's spec (`rungs`), which
+`show`, `results` and the dashboard read.
 
 A wave takes part when its spec has `asha = {"to": TIER, "repeats": N}`: `nightlab submit
 --screen`, `nightlab search --screen-tier` and the promotions made here (to a rung that itself
