@@ -231,9 +231,12 @@ class Singleton:
         raise ProcessTimeout(proc.pid)
 
     def stop(self, *, timeout: float) -> int | None:
-        """SIGTERM the running process and wait until its lock drops; its pid, or None if none ran.
+        """SIGTERM the running process and wait until its lock drops and it has exited; its pid,
+        or None if none ran.
 
-        A process still starting is waited for until its pid is known, then signalled.
+        A process still starting is waited for until its pid is known, then signalled. The lock
+        drops before the interpreter has wound down (measured under load: a `fleet stop` returned
+        while the controller still ran), so the pid is followed to its end too.
 
         Raises:
             ProcessTimeout: it did not stop within `timeout` s (`pid` is -1 if its start never finished).
@@ -254,7 +257,7 @@ class Singleton:
                 raise ProcessTimeout(known or -1)
             time.sleep(POLL)
             pid = self.running_pid()
-            if pid is None:
+            if pid is None and not alive(known, marker=self.marker):
                 return known or -1
             if known is None:
                 known = pid if pid > 0 else self._starting()  # its start went on: now it can be told

@@ -32,8 +32,8 @@ OWNER = textwrap.dedent(
     from pathlib import Path
     from nightlab.lifecycle import Singleton
     from nightlab.locks import try_lock
-    lock, pid, start = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
-    process = Singleton(lock, pid, marker=chr(0).join(sys.argv[4:]) + chr(0))
+    lock, pid, start, linger = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    process = Singleton(lock, pid, marker=chr(0).join(sys.argv[5:]) + chr(0))
     stopped = []
     with try_lock(lock, patience=5) as got:
         assert got is not None
@@ -44,6 +44,7 @@ OWNER = textwrap.dedent(
         assert held
         while not stopped:
             time.sleep(0.02)
+    time.sleep(linger)  # the lock is free, the process still winds down
     """
 )
 
@@ -56,9 +57,9 @@ def running(lab: Path, kind: str) -> int | None:
     return {"controller": daemon.running_pid, "supervisor": control.running_pid}[kind](lab)
 
 
-def owner(process: Singleton, lab: Path, start: float) -> subprocess.Popen:
+def owner(process: Singleton, lab: Path, start: float, linger: float = 0.0) -> subprocess.Popen:
     # the stand-in's command line carries the real one's marker (`marker.split("\0")` as arguments)
-    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start)]
+    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start), str(linger)]
     return process.start([*args, *process.marker.split("\0")[:-1]], lab / "owner.log")
 
 
@@ -93,6 +94,18 @@ def test_both_background_processes_follow_one_rule(kind, lab, procs):
     assert process.stop(timeout=10) == proc.pid
     assert proc.wait(timeout=5) == 0  # it handled SIGTERM and left cleanly
     assert running(lab, kind) is None and not process.pid_path.exists()
+
+
+def test_a_stop_returns_once_the_process_is_gone_not_when_its_lock_drops(lab, procs):
+    """ci6: `fleet stop` returned while the controller, its lock already free, still wound down;
+    the reboot test then counted it as a process left behind."""
+    process = daemon.process(lab)
+    proc = owner(process, lab, start=0.0, linger=1.5)
+    procs.append(proc)
+    wait_until(lambda: running(lab, "controller") == proc.pid, timeout=10, interval=0.01, what="the owner's pid")
+    assert process.stop(timeout=15) == proc.pid
+    assert proc.poll() is not None  # exited (a zombie until reaped here), not lingering on
+    assert proc.returncode == 0
 
 
 @pytest.mark.parametrize("kind", ["controller", "supervisor"])
