@@ -59,7 +59,8 @@ def running(lab: Path, kind: str) -> int | None:
 
 def owner(process: Singleton, lab: Path, start: float, linger: float = 0.0) -> subprocess.Popen:
     # the stand-in's command line carries the real one's marker (`marker.split("\0")` as arguments)
-    args = [sys.executable, "-c", OWNER, str(process.lock_path), str(process.pid_path), str(start), str(linger)]
+    paths = [str(process.lock_path), str(process.pid_path)]
+    args = [sys.executable, "-c", OWNER, *paths, str(start), str(linger)]
     return process.start([*args, *process.marker.split("\0")[:-1]], lab / "owner.log")
 
 
@@ -102,7 +103,7 @@ def test_a_stop_returns_once_the_process_is_gone_not_when_its_lock_drops(lab, pr
     process = daemon.process(lab)
     proc = owner(process, lab, start=0.0, linger=1.5)
     procs.append(proc)
-    wait_until(lambda: running(lab, "controller") == proc.pid, timeout=10, interval=0.01, what="the owner's pid")
+    wait_until(lambda: running(lab, "controller") == proc.pid, timeout=10, what="the owner's pid")
     assert process.stop(timeout=15) == proc.pid
     assert proc.poll() is not None  # exited (a zombie until reaped here), not lingering on
     assert proc.returncode == 0
