@@ -122,7 +122,7 @@ def bench_kills(root: Path, waves: int, kills: int, rows: list) -> None:
             wrong=len(r["wrong_metric"]) + sum(1 for e in r["by_id"].values() if e["outcome"] != "ok"),
             leases=r["open_attempts"],
             locks=0 if r["lock_free"] else 1,
-            procs=r["leftover_processes"],
+            procs=len(r["leftover_processes"]),
             infra=r["infra_attempts"],
             reattached=r["reattached"],
         )

@@ -23,4 +23,4 @@ def test_twenty_controller_kills_during_a_200_experiment_wave(tmp_path):
         assert e["metric"] == float(f"1.{e['seed']:03d}"), (eid, e)  # its own result, no other run's
     assert r["open_attempts"] == 0
     assert r["integrity"] == []
-    assert r["lock_free"] and r["leftover_processes"] == 0
+    assert r["lock_free"] and r["leftover_processes"] == []

@@ -80,7 +80,7 @@ def test_reboot_requeues_in_flight_runs_once(tmp_path):
             assert failures == ["ok"], (eid, e)
     assert r["outcomes"] == {"ok": 12}
     assert r["duplicated"] == [] and r["lost"] == [] and r["open_attempts"] == 0
-    assert r["lock_free"] and r["leftover_processes"] == 0
+    assert r["lock_free"] and r["leftover_processes"] == []
 
 
 def test_status_does_not_start_a_controller_that_was_stopped_on_purpose(fast_lab):

@@ -171,6 +171,13 @@ def lab_processes(lab: Path) -> list[int]:
     return found
 
 
+def leftovers(lab: Path) -> list[str]:
+    """The command lines of the lab's live processes (`lab_processes`), to say what was left behind."""
+    return [
+        _proc_info(pid)[0].replace(b"\0", b" ").decode(errors="replace").strip() for pid in lab_processes(lab)
+    ]
+
+
 def controller_pid(lab: Path) -> int | None:
     """The pid of the lab's live controller process (None when none runs)."""
     for pid in lab_processes(lab):
@@ -327,7 +334,7 @@ def controller_kill_wave(
             restarts_by_cli=restarts,
             wall_seconds=wall,
             lock_free=lock_free(lab),
-            leftover_processes=len(lab_processes(lab)),
+            leftover_processes=leftovers(lab),
         )
         return result
     finally:
@@ -366,7 +373,7 @@ def reboot_wave(root: Path, *, experiments: int = 12, slots: int = 4, sleep: flo
             status_rc=status.returncode,
             status_stderr=status.stderr,
             lock_free=lock_free(lab),
-            leftover_processes=len(lab_processes(lab)),
+            leftover_processes=leftovers(lab),
         )
         return result
     finally:
