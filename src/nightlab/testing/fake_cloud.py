@@ -288,7 +288,10 @@ class FakeCloud:
 
     def _run_job_holding_gpu(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
         if setup:
-            job.status = sky.JobStatus.SETTING_UP
+            with self.lock:
+                if job.status.is_terminal():  # cancelled while it took its GPUs
+                    return
+                job.status = sky.JobStatus.SETTING_UP
             time.sleep(self.setup_seconds * self.scale)
             if c.name in self._setup_failures:
                 self._setup_failures.discard(c.name)
@@ -325,7 +328,19 @@ class FakeCloud:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        job.status, job.started_at = sky.JobStatus.RUNNING, time.time()
+        # a cancel can land while the process starts (slow under load): it then finds the job
+        # still PENDING and no process to kill, and RUNNING must not overwrite its CANCELLED
+        with self.lock:
+            cancelled = job.status.is_terminal()
+            if not cancelled:
+                job.status, job.started_at = sky.JobStatus.RUNNING, time.time()
+        if cancelled:
+            kill(job)
+            job.proc.wait()
+            job.proc.stdout.close()
+            with self.lock:
+                job.ended_at = c.idle_since = time.time()
+            return
         self._maybe_preempt(c, job)
         prefix = f"({job.name}, pid={job.proc.pid}) "
         for raw in job.proc.stdout:

@@ -330,11 +330,12 @@ class FakeSky:
 
         def work(log: list[str]) -> None:
             c = self.cloud.up(cluster_name)
-            for i in job_ids or []:
-                job = c.jobs.get(i)
-                if job is not None and job.status in CANCELLABLE:
-                    kill(job)
-                    job.status = sky.JobStatus.CANCELLED
+            with self._lock:  # one step against the job's own start (`FakeCloud._run_job_holding_gpu`)
+                for i in job_ids or []:
+                    job = c.jobs.get(i)
+                    if job is not None and job.status in CANCELLABLE:
+                        kill(job)
+                        job.status = sky.JobStatus.CANCELLED
 
         return self._submit(self.request_seconds, work)
 
