@@ -389,6 +389,28 @@ def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_p
     assert len([c for c in fake.calls if c[0] == "cancel"]) >= 2  # the first one found the job INIT
 
 
+def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_next(
+    sky_lab, tmp_path, monkeypatch, fast
+):
+    # on a loaded box a job stayed INIT past the close's grace, so every cancel found it INIT;
+    # the restarted controller's backend then followed it to its own limit (CI, session 38's
+    # submission: the real conformance suite's `kill_at_close`, exit 124). The kill is saved
+    # with the run, and the backend that re-attaches it goes on cancelling
+    monkeypatch.setattr(sky_core, "CLOSE_GRACE", 0.0)
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=1.0 / SCALE).install(monkeypatch)
+    backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
+    job = fake.clusters[handle["cluster"]].jobs[run.job_id]
+    backend.kill(slot, spec, handle)
+    backend.cleanup(spec)
+    backend.close()
+    assert job.status.value == "INIT"  # the grace ran out before SkyPilot would cancel it
+    second = _backend(spec.lab_dir, fake)
+    ended = _wait_exit(second, slot, spec, handle, timeout=15)  # the run's own limit is 30 s
+    assert ended.exit_code is None and not ended.lost and ended.detail == "job cancelled"
+    assert job.status.value == "CANCELLED"
+    second.close()
+
+
 def test_a_closing_backend_cancels_a_killed_run_whose_exec_is_in_flight(sky_lab, tmp_path, monkeypatch, fast):
     # stopped while `sky exec` has not answered yet: the job appears after the kill, and close
     # must wait for its id and see it cancelled, or it would run on with no controller left

@@ -6,7 +6,8 @@ ended: its whole log is read again) -> `done` (`ended` holds the `RunExit`). A t
 job follows its log (`sky.tail_logs(follow=True)`), which returns the moment the job ends;
 one monitor thread polls `sky.job_status` of every running job, which catches preemptions
 and broken streams, and then reads the log with retries. A controller that restarts finds
-its jobs again by the saved id, or by job name when the exec was in flight.
+its jobs again by the saved id, or by job name when the exec was in flight; a kill is saved
+there too, so a job an earlier controller killed is cancelled until it ends.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Jobs:
         self._monitor: threading.Thread | None = None
         self._seq = itertools.count(1)
         self._killed: list[Run] = []  # kept after `forget`: `settle_kills` checks them at close
+        self._saving = threading.Lock()  # `sky.json` is read, updated and written by several threads
         from nightlab.fleet.skypilot.residents import Residents  # residents imports this module (RunState)
 
         self.residents = Residents(shared, clusters, self)
@@ -122,13 +124,19 @@ class Jobs:
             self.residents.forget(run)
 
     def request_kill(self, run: Run) -> None:
-        """Mark the run killed and cancel its job when it exists (`_running` does it otherwise)."""
+        """Mark the run killed and cancel its job when it exists (`_running` does it otherwise).
+
+        The kill is saved in `sky.json`: a controller that stops right after it may close before
+        SkyPilot acts on the cancel (an INIT job ignores it, `_cancel_again`), and the backend
+        that re-attaches the run next must go on cancelling it, not follow it to its own limit.
+        """
         with self.shared.lock:
             if run.kill_requested or run.ended is not None:
                 return
             run.kill_requested = True
             job_id = run.job_id
             self._killed = [r for r in self._killed if r.ended is None] + [run]
+        self._save(run, killed=True)
         with run.cluster.changed:
             run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
         with self.residents.changed:
@@ -346,6 +354,8 @@ class Jobs:
             self._running(run, int(saved["job_id"]))
         else:
             self.shared.thread(self._find_job, run)
+        if saved.get("killed"):
+            self.request_kill(run)
         return run
 
     def _find_job(self, run: Run) -> None:
@@ -375,12 +385,13 @@ class Jobs:
 
     def _save(self, run: Run, **data: Any) -> None:
         path = run.spec.run_dir / "sky.json"
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        saved.update(data, cluster=run.cluster.name)
-        atomic_write_json(path, saved, unique=True)
+        with self._saving:
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+            saved.update(data, cluster=run.cluster.name)
+            atomic_write_json(path, saved, unique=True)
 
     def _end(self, run: Run, ended: RunExit) -> None:
         with self.shared.lock:
