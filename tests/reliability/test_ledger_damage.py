@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from labkit import wait_until
 from nightlab.ledger import backup
 from nightlab.testing.reliability import controller_pid, nightlab, set_faults, submit_many, wait_finished
@@ -333,3 +335,45 @@ def test_ids_held_by_a_ref_or_a_run_folder_are_never_handed_out(fast_lab):
     assert submit_many(lab, 1) == ["e0005"]
     (lab / ".nightlab" / "runs" / "e0011").mkdir(parents=True)
     assert submit_many(lab, 2) == ["e0012", "e0013"]
+
+
+def _locks_held(path) -> list[str]:
+    """This process's POSIX locks on `path`, as /proc/locks lists them."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as f:
+        return [line for line in f if f":{inode} " in line and f" {os.getpid()} " in line]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="Linux: reads /proc/locks")
+def test_a_second_connection_in_one_process_leaves_the_first_ones_locks(tmp_path):
+    # the controller opened a second ledger (a screening run's review), whose WAL check read and
+    # closed `-shm`: closing any descriptor of a file drops every POSIX lock the process holds on
+    # it, so the next CLI call took itself for the only reader, truncated `-shm`, and the
+    # controller died of SIGBUS in its next query (CI, 2026-12-05)
+    from nightlab.errors import LedgerError
+    from nightlab.ledger import Ledger, ReadOnlyLedger
+
+    path = tmp_path / "ledger.db"
+    first = Ledger(path, create=True)
+    first.log_event("one", None)
+    shm = tmp_path / "ledger.db-shm"
+    held = _locks_held(shm)
+    assert held  # SQLite's read lock on `-shm`: it tells other processes the index is in use
+    for other in (Ledger(path), ReadOnlyLedger(path)):
+        assert _locks_held(shm) == held
+        assert [e.kind for e in other.events()] == ["one"]
+        other.close()
+        assert _locks_held(shm) == held
+    first.close()
+    # with no connection left in this process, a cut WAL is found at the next open, as before
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    wal = tmp_path / "ledger.db-wal"
+    with open(wal, "r+b") as f:
+        f.truncate(wal.stat().st_size - 3000)
+    with pytest.raises(LedgerError, match="write-ahead log"):
+        Ledger(path)

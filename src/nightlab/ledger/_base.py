@@ -55,17 +55,22 @@ class BaseLedger(TrackerReads, ABC):
         self.path = Path(path)
         if not create and not self.path.exists():
             raise LedgerError(f"ledger `{self.path}` does not exist; run `nightlab init` to create a lab")
-        # before SQLite opens the file: its recovery would silently drop a cut WAL's tail
-        problem = integrity.check_wal(self.path) if check_wal else None
-        if problem is not None:
-            raise integrity.wal_error(self.path, problem)
+        # the WAL is checked before SQLite opens the file: its recovery would silently drop a cut tail
         try:
-            self._conn = self._connect()
+            self._conn, self._hold = integrity.open_checked(self.path, self._connect, check=check_wal)
+        except sqlite3.Error as e:
+            raise integrity.explain(e, self.path, self._opening) from e
+        self._open = True
+        try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA busy_timeout = 60000")
             self._ready()
         except sqlite3.Error as e:
+            self.close()
             raise integrity.explain(e, self.path, self._opening) from e
+        except BaseException:
+            self.close()
+            raise
 
     @abstractmethod
     def _connect(self) -> sqlite3.Connection:
@@ -78,7 +83,11 @@ class BaseLedger(TrackerReads, ABC):
     # ------------------------------------------------------------------ plumbing
 
     def close(self) -> None:
+        """Close the connection."""
         self._conn.close()
+        if self._open:
+            self._open = False
+            integrity.release(self._hold)
 
     def __enter__(self) -> BaseLedger:
         return self

@@ -35,7 +35,6 @@ class ReadOnlyLedger(BaseLedger):
     def _ready(self) -> None:
         version = self.schema_version()
         if version != _schema.SCHEMA_VERSION and not self._any_version:
-            self._conn.close()
             raise LedgerError(
                 f"ledger `{self.path}` has schema v{version}, this nightlab reads v{_schema.SCHEMA_VERSION}; "
                 "run `nightlab status` once to upgrade it, or upgrade nightlab"

@@ -25,7 +25,10 @@ import os
 import sqlite3
 import struct
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from nightlab.errors import LedgerError
 
@@ -34,6 +37,13 @@ FRAME_HEADER = 24
 _CORRUPT = ("malformed", "not a database", "file is encrypted", "disk image")
 _FULL = ("database or disk is full", "disk is full", "no space left")
 _IO = ("disk i/o error",)
+
+T = TypeVar("T")
+Hold = tuple[int, int] | None  # a ledger file's (device, inode), as `open_checked` counted it
+
+# ledgers this process has a connection to, by (device, inode), and how many connections
+_HELD: dict[tuple[int, int], int] = {}
+_HELD_LOCK = threading.Lock()
 
 RESTORE_HINT = (
     "run `nightlab doctor` for details, then `nightlab doctor --restore` to put the newest backup back"
@@ -63,7 +73,15 @@ def check_wal(db_path: Path) -> str | None:
     the writer updates only after the frames are on disk) records as committed, for the
     same WAL generation (same salts). Without a `-shm` nothing can be told, and nothing is
     claimed.
+
+    Nor in a process that has the ledger open already (`open_checked`): its WAL was checked when that
+    connection opened, and SQLite has recovered it since; reading `-shm` here would also drop that
+    connection's locks on it (closing any descriptor of a file drops all the process's POSIX locks
+    on it), and the next process to open the ledger would then take itself for the first and
+    truncate `-shm` under this one's mapping: the controller died of SIGBUS that way (CI, 2026-12-05).
     """
+    if _key(db_path) in _HELD:
+        return None
     wal = Path(str(db_path) + "-wal")
     shm = Path(str(db_path) + "-shm")
     try:
@@ -95,6 +113,41 @@ def check_wal(db_path: Path) -> str | None:
         f"its write-ahead log `{wal.name}` ends after {frames} whole frames but {committed} were committed "
         f"({size} bytes)"
     )
+
+
+def _key(db_path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(db_path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def open_checked(db_path: Path, connect: Callable[[], T], *, check: bool = True) -> tuple[T, Hold]:
+    """`connect()` to the ledger once its WAL passed `check_wal` (`LedgerError` when it was cut).
+
+    Returns the connection and its hold: until `release(hold)`, this process counts as having
+    the ledger open, and `check_wal` leaves its `-shm` alone. One opening at a time per process,
+    so no check reads `-shm` while another thread's connection is being opened.
+    """
+    with _HELD_LOCK:
+        problem = check_wal(db_path) if check else None
+        if problem is not None:
+            raise wal_error(db_path, problem)
+        conn = connect()
+        key = _key(db_path)  # the file exists once a connection is open
+        if key is not None:
+            _HELD[key] = _HELD.get(key, 0) + 1
+        return conn, key
+
+
+def release(hold: Hold) -> None:
+    """The connection `open_checked` returned with `hold` was closed."""
+    with _HELD_LOCK:
+        if hold is not None and hold in _HELD:
+            _HELD[hold] -= 1
+            if _HELD[hold] <= 0:
+                del _HELD[hold]
 
 
 def wal_error(db_path: Path, problem: str) -> LedgerError:
