@@ -10,6 +10,7 @@ Run in the background as `python -m nightlab.fleet.daemon LAB_DIR [--cpu-slots N
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -247,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # a fatal signal (SIGSEGV, SIGBUS, SIGABRT) otherwise ends the controller without a word in
+    # controller.log: a SIGBUS in a ledger query took a debugging session to find (2026-12-05)
+    faulthandler.enable()
     # the process's entry point wires the lab's verdict policy in; the fleet modules never import it
     from nightlab.judge import Judge
 
