@@ -262,9 +262,7 @@ class FakeCloud:
     def _run_job(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
         if job.status == sky.JobStatus.INIT:  # the exec's submission, still in the background
             time.sleep(self.queue_seconds * self.scale)
-            with self.lock:
-                if job.status == sky.JobStatus.INIT:
-                    job.status = sky.JobStatus.PENDING
+            self._advance(job, sky.JobStatus.PENDING)
         # a job waits until the GPUs and CPUs it asks for are free (`_gpu_demand`, `_cpu_demand`)
         gpus, cpus = _gpu_demand(c, job.task), _cpu_demand(c, job.task)
         while not self._take(c, gpus, cpus):
@@ -278,6 +276,19 @@ class FakeCloud:
                 c.gpus_free += gpus
                 c.cpus_free += cpus
 
+    def _advance(self, job: FakeJob, status: Any) -> bool:
+        """Move the job on to `status` unless it ended (a cancel or a preemption); False when it had.
+
+        Under the lock a cancel takes too, so a job thread never overwrites a CANCELLED.
+        """
+        with self.lock:
+            if job.status.is_terminal():
+                return False
+            job.status = status
+            if status == sky.JobStatus.RUNNING:
+                job.started_at = time.time()
+            return True
+
     def _take(self, c: FakeCluster, gpus: float, cpus: float) -> bool:
         with self.lock:
             if c.gpus_free + 1e-9 < gpus or c.cpus_free + 1e-9 < cpus:
@@ -288,10 +299,8 @@ class FakeCloud:
 
     def _run_job_holding_gpu(self, c: FakeCluster, job: FakeJob, setup: bool) -> None:
         if setup:
-            with self.lock:
-                if job.status.is_terminal():  # cancelled while it took its GPUs
-                    return
-                job.status = sky.JobStatus.SETTING_UP
+            if not self._advance(job, sky.JobStatus.SETTING_UP):  # cancelled while it took its GPUs
+                return
             time.sleep(self.setup_seconds * self.scale)
             if c.name in self._setup_failures:
                 self._setup_failures.discard(c.name)
@@ -329,12 +338,8 @@ class FakeCloud:
             start_new_session=True,
         )
         # a cancel can land while the process starts (slow under load): it then finds the job
-        # still PENDING and no process to kill, and RUNNING must not overwrite its CANCELLED
-        with self.lock:
-            cancelled = job.status.is_terminal()
-            if not cancelled:
-                job.status, job.started_at = sky.JobStatus.RUNNING, time.time()
-        if cancelled:
+        # still PENDING and no process to kill
+        if not self._advance(job, sky.JobStatus.RUNNING):
             kill(job)
             job.proc.wait()
             job.proc.stdout.close()
