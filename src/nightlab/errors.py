@@ -88,7 +88,7 @@ def closest_first(name: str, known: Sequence[str]) -> list[str]:
     difflib's ratio decides (cutoff 0.5, the default 0.6 misses `LR` for `MATRIX_LR`-style typos).
     """
     by_upper = {k.upper(): k for k in known}
-    close = difflib.get_close_matches(name.upper(), list(by_upper), n=len(by_upper), cutoff=0.5)
+    close = difflib.get_close_matches(name.upper(), list(by_upper), n=max(1, len(by_upper)), cutoff=0.5)
     ordered = [by_upper[c] for c in close]
     return ordered + [k for k in known if k not in ordered]
 
