@@ -24,6 +24,7 @@ every ok run on an enrolled rung: the fleet never imports the lab.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
 # harness's supervisor (`harness/attempt.py`) reads it, checks it, and runs its batch server's
 # clock on it (`harness/serve.py`): train.py cannot change it.
 BUDGET_ENV = "NIGHTLAB_TIER_BUDGET"
+_LAST = "\U0010ffff"  # sorts after every identity
 SPEC_KEY = "asha"  # a wave's spec key: its candidates take part in successive halving
 DECISIONS_KEY = "rungs"  # a wave's spec key: experiment id -> its latest Decision
 
@@ -282,6 +284,49 @@ def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str | None) -> 
     lab.ledger.change_wave_spec(wave_id, change)
 
 
+class _Standings:
+    """A rung's ranking while its runs are added in the order they ended (`review`).
+
+    Each snapshot's place is what `_means` of the runs added so far, sorted by mean, would give
+    (ties in the order of their first run in the ledger, as that stable sort keeps them), at the
+    cost of a bisection per run and per question instead of a sort of every snapshot per
+    candidate: a review after every run on a rung of thousands of ideas kept the controller busy
+    for seconds (bench/rung_review.py).
+    """
+
+    def __init__(self, runs: list[tuple[str, float, float]], sign: float, head: str) -> None:
+        self._runs = runs
+        self._sign = sign
+        self._head = head
+        self._values: dict[str, list[float]] = {}
+        self._first: dict[str, int] = {}  # the ledger index of each snapshot's first run added
+        self._score: dict[str, float] = {}  # sign * mean: lower is better
+        self._order: list[tuple[float, str]] = []  # (score, identity), sorted
+
+    def add(self, i: int) -> None:
+        """Add run `i` of `runs`."""
+        who, value, _ = self._runs[i]
+        if who in self._score:
+            del self._order[bisect.bisect_left(self._order, (self._score[who], who))]
+        values = self._values.setdefault(who, [])
+        values.append(value)
+        self._first[who] = min(self._first.get(who, i), i)
+        self._score[who] = self._sign * statistics.fmean(values)
+        bisect.insort(self._order, (self._score[who], who))
+
+    def place(self, who: str) -> tuple[int, int, bool] | None:
+        """(rank, snapshots measured, whether the incumbent is ahead of or level with it), or None
+        when `who` has no run added yet."""
+        score = self._score.get(who)
+        if score is None:
+            return None
+        better = bisect.bisect_left(self._order, (score, ""))
+        level = self._order[better : bisect.bisect_right(self._order, (score, _LAST))]
+        ahead = sum(1 for _, other in level if self._first[other] < self._first[who])
+        head = self._score.get(self._head)
+        return better + ahead + 1, len(self._order), head is not None and head <= score
+
+
 def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decision]:
     """Rank every screening candidate on `tier` and promote those in the top 1/eta (see the module
     docstring). Returns the decisions made now; idempotent: a promoted candidate stays promoted."""
@@ -294,35 +339,53 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
     eta = lab.config.search.eta
     sign = 1.0 if lab.config.metric.lower_is_better else -1.0
 
-    def ranked(means: dict[str, float], who: str, **fields: Any) -> Decision:
-        order = sorted(means, key=lambda t: sign * means[t])
-        behind = head in means and sign * means[head] <= sign * means[who]
-        rank, seen = order.index(who) + 1, len(order)
+    def decide(place: tuple[int, int, bool], **fields: Any) -> Decision:
+        rank, seen, behind = place
         return Decision(rank=rank, seen=seen, cutoff=seen // eta, eta=eta, behind_incumbent=behind, **fields)
 
-    now = _means(runs)
+    # as it stood when each candidate's run finished ("as soon as"), so a review that comes late (a
+    # busy controller) decides as one on time; else as it stands now: the cut-off grows with the rung.
+    # One pass over the runs in the order they ended answers both (`_Standings`).
+    board = _Standings(runs, sign, head)
+    ended = iter(sorted(range(len(runs)), key=lambda i: runs[i][2]))
+    following = next(ended, None)
+    then: dict[int, tuple[int, int, bool] | None] = {}
+    for k in sorted(range(len(candidates)), key=lambda k: candidates[k][1].finished_at or math.inf):
+        until = candidates[k][1].finished_at or math.inf
+        while following is not None and runs[following][2] <= until:
+            board.add(following)
+            following = next(ended, None)
+        then[k] = board.place(candidates[k][1].identity)
+    while following is not None:
+        board.add(following)
+        following = next(ended, None)
     made: list[Decision] = []
     to_promote: list[tuple[int, Wave, Experiment, int]] = []
-    for wave, e in candidates:
+    claimed: dict[str, int] = {}  # per wave with a cap: its promotions so far
+    for k, (wave, e) in enumerate(candidates):
         old = decisions_for(wave).get(e.id) or {}
-        if old.get("promoted") or e.identity not in now:
+        now = board.place(e.identity)
+        if old.get("promoted") or now is None:
             continue
         asha = wave.spec[SPEC_KEY]
         to = str(asha.get("to") or next_rung(lab.config, tier) or "")
         if not to:
             continue
         cap = asha.get("max_promotions")  # a search's `--top`: at most that many from one wave
-        capped = cap is not None and decision_count(lab.ledger.wave(wave.id)) >= int(cap)
-        # as it stood when its run finished ("as soon as"), so a review that comes late (a busy
-        # controller) decides as one on time; else as it stands now: the cut-off grows with the rung
-        then = _means(runs, until=e.finished_at or math.inf)
-        decision = ranked(then, e.identity, tier=tier, to=to, capped=capped) if e.identity in then else None
+        if cap is not None and wave.id not in claimed:
+            claimed[wave.id] = decision_count(lab.ledger.wave(wave.id))
+        capped = cap is not None and claimed[wave.id] >= int(cap)
+        decision = decide(then[k], tier=tier, to=to, capped=capped) if then[k] is not None else None
         if decision is None or not decision.qualifies:
-            decision = ranked(now, e.identity, tier=tier, to=to, capped=capped)
+            decision = decide(now, tier=tier, to=to, capped=capped)
+        if not decision.qualifies and old == {**decision.to_dict(), "claimed": False}:
+            continue  # left out so at an earlier review: nothing new to store
         if not _claim(lab, wave.id, e.id, decision):
             continue
         made.append(decision)
         if decision.qualifies:
+            if cap is not None:
+                claimed[wave.id] += 1
             to_promote.append((len(made) - 1, wave, e, int(asha.get("repeats") or 2)))
     # every decision is stored first: a promotion that fails leaves the others' reasons on record
     failed: Exception | None = None

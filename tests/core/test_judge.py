@@ -356,6 +356,10 @@ def test_successive_halving_decides_as_of_each_run_s_end_so_a_late_review_promot
         1,
     )  # when it ended
     assert (why[ended[1]]["rank"], why[ended[1]]["seen"]) == (6, 6)  # never in the top: as it stands now
+    # a review with nothing new (the controller reviews after every run on the rung) decides
+    # nothing again and writes nothing: on a rung of thousands of ideas that was one write each
+    spec = lab.ledger.wave(wave.wave.id).spec
+    assert rungs.review(lab, "cpu") == [] and lab.ledger.wave(wave.wave.id).spec == spec
 
 
 def test_waves_and_submit_apply_knobs_by_one_rule(lab):

@@ -207,3 +207,37 @@ def test_a_rung_whose_compile_ran_past_the_warm_up_cap_is_warned_about(tmp_path,
         out = capsys.readouterr()
         assert out.out == "" and out.err.splitlines()[0].startswith("no promoted runs yet")
         assert out.err.splitlines()[1] == f"warning: {report['cpu-10s']['warning']}"
+
+
+def test_the_standings_place_each_snapshot_as_a_sort_of_the_means_would():
+    # `review` asks where each candidate stood when its run ended, for thousands of candidates on
+    # a long night; `_Standings` answers with a bisection where the review used to sort every
+    # snapshot's mean per candidate. Same answer, ties and the incumbent included
+    import math
+    import random
+
+    from nightlab.rungs import _means, _Standings
+
+    rng = random.Random(7)
+    who = [f"{i:02x}" for i in range(12)]
+    for sign in (1.0, -1.0):
+        # coarse values and shared end times: equal means and simultaneous ends are common
+        runs = [
+            (rng.choice(who), rng.choice((1.0, 1.5, 2.0, 2.5)), float(rng.randrange(20))) for _ in range(60)
+        ]
+        runs += [(rng.choice(who), 1.25, math.inf) for _ in range(3)]  # no end time recorded
+        board = _Standings(runs, sign, who[0])
+        ended = sorted(range(len(runs)), key=lambda i: runs[i][2])
+        for n, i in enumerate(ended):
+            board.add(i)
+            until = runs[i][2]
+            if n + 1 < len(ended) and runs[ended[n + 1]][2] == until:
+                continue  # ask once every run that ended at this moment is in
+            means = _means(runs, until=until)
+            order = sorted(means, key=lambda t: sign * means[t])
+            for t in who:
+                expected = None
+                if t in means:
+                    behind = who[0] in means and sign * means[who[0]] <= sign * means[t]
+                    expected = (order.index(t) + 1, len(order), behind)
+                assert board.place(t) == expected, (sign, until, t)
