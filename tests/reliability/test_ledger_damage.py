@@ -85,16 +85,20 @@ time.sleep(600)
 """
 
 
-def test_truncated_wal_is_detected_and_repaired(fast_lab):
-    lab = fast_lab(slots=1)
-    db = lab / ".nightlab" / "ledger.db"
-    # a writer killed with committed frames still in the WAL (no checkpoint), as after a crash
+def _kill_a_writer_mid_way(db) -> None:
+    """A writer killed with committed frames still in the WAL (no checkpoint), as after a crash."""
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "ready"
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait()
+
+
+def test_truncated_wal_is_detected_and_repaired(fast_lab):
+    lab = fast_lab(slots=1)
+    db = lab / ".nightlab" / "ledger.db"
+    _kill_a_writer_mid_way(db)
     wal = db.with_name("ledger.db-wal")
     size = wal.stat().st_size
     with open(wal, "r+b") as f:
@@ -120,12 +124,7 @@ def test_a_writer_killed_mid_frame_is_not_damage(fast_lab):
     """A half frame at the end of the WAL belongs to an uncommitted transaction: no false alarm."""
     lab = fast_lab(slots=1)
     db = lab / ".nightlab" / "ledger.db"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert writer.stdout.readline().strip() == "ready"
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+    _kill_a_writer_mid_way(db)
     with open(db.with_name("ledger.db-wal"), "ab") as f:
         f.write(b"\0" * 1000)  # the header and part of a frame that never committed
     nightlab("status", cwd=lab)
@@ -366,12 +365,7 @@ def test_a_second_connection_in_one_process_leaves_the_first_ones_locks(tmp_path
         assert _locks_held(shm) == held
     first.close()
     # with no connection left in this process, a cut WAL is found at the next open, as before
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert writer.stdout.readline().strip() == "ready"
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+    _kill_a_writer_mid_way(path)
     wal = tmp_path / "ledger.db-wal"
     with open(wal, "r+b") as f:
         f.truncate(wal.stat().st_size - 3000)
