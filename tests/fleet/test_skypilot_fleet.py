@@ -411,6 +411,26 @@ def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_nex
     second.close()
 
 
+def test_a_kill_whose_record_cannot_be_written_still_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast):
+    # a full disk: the kill is not saved for a later controller, but this one sees it through
+    from nightlab.fleet.skypilot.jobs import Jobs
+
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE).install(monkeypatch)
+    backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
+    save = Jobs._save
+
+    def full_disk(self, run, **data):
+        if "killed" in data:
+            raise OSError(28, "No space left on device")
+        save(self, run, **data)
+
+    monkeypatch.setattr(Jobs, "_save", full_disk)
+    backend.kill(slot, spec, handle)
+    ended = _wait_exit(backend, slot, spec, handle, timeout=10)
+    assert ended.exit_code is None and ended.detail == "job cancelled"
+    backend.close()
+
+
 def test_a_closing_backend_cancels_a_killed_run_whose_exec_is_in_flight(sky_lab, tmp_path, monkeypatch, fast):
     # stopped while `sky exec` has not answered yet: the job appears after the kill, and close
     # must wait for its id and see it cancelled, or it would run on with no controller left

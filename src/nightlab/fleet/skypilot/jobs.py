@@ -136,7 +136,10 @@ class Jobs:
             run.kill_requested = True
             job_id = run.job_id
             self._killed = [r for r in self._killed if r.ended is None] + [run]
-        self._save(run, killed=True)
+        try:
+            self._save(run, killed=True)
+        except OSError as e:  # a full disk: the kill goes on; only a restart before it lands would miss it
+            log.warning("could not save the kill of %s: %s", run.key, e)
         with run.cluster.changed:
             run.cluster.changed.notify_all()  # a run waiting for its cluster gives up now
         with self.residents.changed:
