@@ -285,7 +285,7 @@ def _set_promoted(lab: Lab, wave_id: str, exp_id: str, promoted: str | None) -> 
 
 
 class _Standings:
-    """A rung's ranking while its runs are added in the order they ended (`review`).
+    """A rung's ranking as its runs are added in the order they ended (`review`).
 
     Each snapshot's place is what `_means` of the runs added so far, sorted by mean, would give
     (ties in the order of their first run in the ledger, as that stable sort keeps them), at the
@@ -296,6 +296,8 @@ class _Standings:
 
     def __init__(self, runs: list[tuple[str, float, float]], sign: float, head: str) -> None:
         self._runs = runs
+        self._ended = sorted(range(len(runs)), key=lambda i: runs[i][2])  # run indices by end time
+        self._added = 0  # how many of `_ended` are in
         self._sign = sign
         self._head = head
         self._values: dict[str, list[float]] = {}
@@ -303,16 +305,19 @@ class _Standings:
         self._score: dict[str, float] = {}  # sign * mean: lower is better
         self._order: list[tuple[float, str]] = []  # (score, identity), sorted
 
-    def add(self, i: int) -> None:
-        """Add run `i` of `runs`."""
-        who, value, _ = self._runs[i]
-        if who in self._score:
-            del self._order[bisect.bisect_left(self._order, (self._score[who], who))]
-        values = self._values.setdefault(who, [])
-        values.append(value)
-        self._first[who] = min(self._first.get(who, i), i)
-        self._score[who] = self._sign * statistics.fmean(values)
-        bisect.insort(self._order, (self._score[who], who))
+    def advance(self, until: float = math.inf) -> None:
+        """Add every run that had ended by `until` (each once; `until` never goes back)."""
+        while self._added < len(self._ended) and self._runs[self._ended[self._added]][2] <= until:
+            i = self._ended[self._added]
+            self._added += 1
+            who, value, _ = self._runs[i]
+            if who in self._score:
+                del self._order[bisect.bisect_left(self._order, (self._score[who], who))]
+            values = self._values.setdefault(who, [])
+            values.append(value)
+            self._first[who] = min(self._first.get(who, i), i)
+            self._score[who] = self._sign * statistics.fmean(values)
+            bisect.insort(self._order, (self._score[who], who))
 
     def place(self, who: str) -> tuple[int, int, bool] | None:
         """(rank, snapshots measured, whether the incumbent is ahead of or level with it), or None
@@ -347,18 +352,11 @@ def review(lab: Lab, tier: str, *, start_controller: bool = False) -> list[Decis
     # busy controller) decides as one on time; else as it stands now: the cut-off grows with the rung.
     # One pass over the runs in the order they ended answers both (`_Standings`).
     board = _Standings(runs, sign, head)
-    ended = iter(sorted(range(len(runs)), key=lambda i: runs[i][2]))
-    following = next(ended, None)
     then: dict[int, tuple[int, int, bool] | None] = {}
     for k in sorted(range(len(candidates)), key=lambda k: candidates[k][1].finished_at or math.inf):
-        until = candidates[k][1].finished_at or math.inf
-        while following is not None and runs[following][2] <= until:
-            board.add(following)
-            following = next(ended, None)
+        board.advance(candidates[k][1].finished_at or math.inf)
         then[k] = board.place(candidates[k][1].identity)
-    while following is not None:
-        board.add(following)
-        following = next(ended, None)
+    board.advance()
     made: list[Decision] = []
     to_promote: list[tuple[int, Wave, Experiment, int]] = []
     claimed: dict[str, int] = {}  # per wave with a cap: its promotions so far

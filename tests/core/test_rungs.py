@@ -227,12 +227,8 @@ def test_the_standings_place_each_snapshot_as_a_sort_of_the_means_would():
         ]
         runs += [(rng.choice(who), 1.25, math.inf) for _ in range(3)]  # no end time recorded
         board = _Standings(runs, sign, who[0])
-        ended = sorted(range(len(runs)), key=lambda i: runs[i][2])
-        for n, i in enumerate(ended):
-            board.add(i)
-            until = runs[i][2]
-            if n + 1 < len(ended) and runs[ended[n + 1]][2] == until:
-                continue  # ask once every run that ended at this moment is in
+        for until in sorted({end for _, _, end in runs}):
+            board.advance(until)
             means = _means(runs, until=until)
             order = sorted(means, key=lambda t: sign * means[t])
             for t in who:

@@ -60,7 +60,6 @@ class BaseLedger(TrackerReads, ABC):
             self._conn, self._hold = integrity.open_checked(self.path, self._connect, check=check_wal)
         except sqlite3.Error as e:
             raise integrity.explain(e, self.path, self._opening) from e
-        self._open = True
         try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA busy_timeout = 60000")
@@ -83,11 +82,10 @@ class BaseLedger(TrackerReads, ABC):
     # ------------------------------------------------------------------ plumbing
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (the hold is given back once)."""
         self._conn.close()
-        if self._open:
-            self._open = False
-            integrity.release(self._hold)
+        integrity.release(self._hold)
+        self._hold = None
 
     def __enter__(self) -> BaseLedger:
         return self
