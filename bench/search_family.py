@@ -70,9 +70,14 @@ runs at once, and only the full-budget adoptions they confirm (today's rule on f
 count. `NAME@climb+polish` stops the climb once the rung adopted nothing for two waves and goes
 on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `search`).
 
+`--noise-scale S` multiplies the noise of the strategies' runs by S (greedy x1 and its target keep
+the member's noise): how much of a strategy's path to the target is the noise and how much its
+model (bench/two_wave_bound.py asks the same of a perfect knob-wise model).
+
 Usage: .venv/bin/python bench/search_family.py [--set dev|heldout11|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
-           [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--json out.json] [--verbose]
+           [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--noise-scale 0.05]
+           [--json out.json] [--verbose]
            [--screen-fraction 0.333] [--eta 3] [--screen-wave 1] [--patience 2] [--fidelity lr_shift=0.4,size_penalty=0.1,...]
            [--fidelity-from bench/rung_fidelity_2026-12-03.jsonl]
 """
@@ -1263,6 +1268,13 @@ def build_fidelity(text: str, results: str | None = None) -> Fidelity:
     return Fidelity(**fields, costs=tuple(sorted(costs.items())))
 
 
+def _noise_scaled(m: Member, scale: float) -> Member:
+    """`m` with its noise sd times `scale` (`--noise-scale`: how much of a search's path is the noise)."""
+    if scale == 1.0:
+        return m
+    return replace(m, sd=lambda v: scale * m.sd(v))
+
+
 def _seeds(text: str) -> list[int]:
     first, _, last = text.partition("-")
     return list(range(int(first), int(last or first) + 1))
@@ -1318,6 +1330,12 @@ def main() -> None:
         metavar="JSONL",
         help="fit Fidelity to bench/rung_fidelity.py's results file (--fidelity overrides single fields)",
     )
+    parser.add_argument(
+        "--noise-scale",
+        type=float,
+        default=1.0,
+        help="scale the noise of the strategies' runs (greedy x1 and its target keep the member's noise)",
+    )
     parser.add_argument("--json", default=None, help="write every (member, seed, strategy) result here")
     parser.add_argument("--describe", action="store_true", help="print the members and exit")
     parser.add_argument(
@@ -1355,7 +1373,7 @@ def main() -> None:
             g_time = g.time_to(target)
             for s in strategies:
                 p = search(
-                    m,
+                    _noise_scaled(m, args.noise_scale),
                     s,
                     workers=args.workers,
                     seed=seed,
