@@ -411,6 +411,86 @@ def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_nex
     second.close()
 
 
+def test_a_stopped_controllers_unsettled_kill_is_cancelled_by_the_next_backend(
+    sky_lab, tmp_path, monkeypatch, fast
+):
+    # a stopping controller requeues its killed attempts, so no later backend re-attaches them:
+    # a job still INIT when the close's grace ran out was followed by nobody and ran to its limit,
+    # holding the cluster the requeued experiment waits for. The closing backend leaves it in the
+    # lab, and the next backend's monitor cancels it
+    from nightlab.fleet.sky_task import job_name
+    from nightlab.fleet.skypilot.left_kills import FOLDER
+
+    monkeypatch.setattr(sky_core, "CLOSE_GRACE", 0.0)
+    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=1.0 / SCALE).install(monkeypatch)
+    backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
+    job = fake.clusters[handle["cluster"]].jobs[run.job_id]
+    backend.kill(slot, spec, handle)
+    backend.cleanup(spec)
+    backend.close()
+    assert job.status.value == "INIT"
+    left = spec.lab_dir / FOLDER
+    assert [p.name for p in left.iterdir()] == [f"{job_name(spec)}.json"]
+    second = _backend(spec.lab_dir, fake)
+    second.available(slot)  # the next controller offers the slot to the requeued experiment
+    wait_until(lambda: job.status.value == "CANCELLED", timeout=15)  # the run's own limit is 30 s
+    wait_until(lambda: not list(left.iterdir()), timeout=5)
+    second.close()
+
+
+def test_an_unsettled_kill_whose_exec_was_in_flight_is_found_by_name(sky_lab, tmp_path, monkeypatch, fast):
+    # the exec answers after the close, and its job stays INIT past the closing backend's one
+    # cancel (`_running`): only the next backend, finding the job by its name, cancels it
+    from nightlab.fleet.sky_task import job_name
+    from nightlab.fleet.skypilot.left_kills import FOLDER
+
+    monkeypatch.setattr(sky_core, "CLOSE_GRACE", 0.0)
+    fake = FakeSky(
+        tmp_path / "clusters", scale=SCALE, exec_seconds=0.5 / SCALE, queue_seconds=1.0 / SCALE
+    ).install(monkeypatch)
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    backend.up()
+    eid = submit(lab, "hang", "h100", MODE='"hang"')
+    spec = _spec(lab, eid)
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: fake.count("exec") >= 1, timeout=10)
+    backend.kill(slot, spec, handle)
+    backend.cleanup(spec)
+    backend.close()
+    (record,) = (lab / FOLDER).iterdir()
+    assert json.loads(record.read_text())["job_id"] is None  # the exec had not answered
+    second = _backend(lab, fake)
+    second.available(slot)
+    jobs = fake.clusters[handle["cluster"]].jobs
+    wait_until(lambda: any(j.name == job_name(spec) for j in jobs.values()), timeout=10)
+    (job,) = [j for j in jobs.values() if j.name == job_name(spec)]
+    wait_until(lambda: job.status.value == "CANCELLED", timeout=15)  # the run's own limit is 30 s
+    wait_until(lambda: not record.exists(), timeout=5)
+    second.close()
+
+
+def test_unsettled_kill_records_of_ended_or_gone_jobs_are_dropped(sky_lab, tmp_path, fake, fast):
+    from nightlab.fleet.skypilot.left_kills import FOLDER
+
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    backend.up()
+    folder = lab / FOLDER
+    folder.mkdir(parents=True)
+    cluster = backend.cluster(slot.name).name
+    (folder / "no-such-job.json").write_text(json.dumps({"cluster": cluster, "job_id": 99, "job_name": "x"}))
+    (folder / "gone.json").write_text(
+        json.dumps({"cluster": "nl-never-launched", "job_id": 1, "job_name": "y"})
+    )
+    (folder / "torn.json").write_text('{"cluster": ')  # a crash mid-write
+    backend.available(slot)
+    wait_until(lambda: not list(folder.iterdir()), timeout=10)
+    backend.close()
+
+
 def test_a_kill_whose_record_cannot_be_written_still_cancels_the_job(sky_lab, tmp_path, monkeypatch, fast):
     # a full disk: the kill is not saved for a later controller, but this one sees it through
     from nightlab.fleet.skypilot.jobs import Jobs

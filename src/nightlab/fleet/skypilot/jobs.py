@@ -7,7 +7,9 @@ job follows its log (`sky.tail_logs(follow=True)`), which returns the moment the
 one monitor thread polls `sky.job_status` of every running job, which catches preemptions
 and broken streams, and then reads the log with retries. A controller that restarts finds
 its jobs again by the saved id, or by job name when the exec was in flight; a kill is saved
-there too, so a job an earlier controller killed is cancelled until it ends.
+there too, so a job an earlier controller killed is cancelled until it ends. A killed job the
+closing backend could not see end, whose attempt no controller will re-attach (a stop requeues
+it), is left in the lab for the next backend to cancel (`left_kills.py`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from nightlab.fleet.skypilot.core import (
     run_key,
     status_name,
 )
+from nightlab.fleet.skypilot.left_kills import LeftKills
 
 if TYPE_CHECKING:
     from nightlab.fleet.skypilot.feeds import Feed
@@ -103,6 +106,7 @@ class Jobs:
         self._seq = itertools.count(1)
         self._killed: list[Run] = []  # kept after `forget`: `settle_kills` checks them at close
         self._saving = threading.Lock()  # `sky.json` is read, updated and written by several threads
+        self.left = LeftKills(shared)
         from nightlab.fleet.skypilot.residents import Residents  # residents imports this module (RunState)
 
         self.residents = Residents(shared, clusters, self)
@@ -295,7 +299,8 @@ class Jobs:
         The backend's close calls it: the monitor stops with the backend, so a controller that
         stops right after an exec would otherwise leave its only cancel to an INIT job, which
         SkyPilot ignores (`_cancel_again`), and the job would run on to its own limit. A kill
-        whose exec is still in flight waits for its job id (`_running` cancels it then).
+        whose exec is still in flight waits for its job id (`_running` cancels it then). Jobs not
+        seen ended by `deadline` are left in the lab for the next backend (`LeftKills`).
         """
         with self.shared.lock:
             fed = [r for r in self._killed if r.fed is not None]
@@ -310,6 +315,7 @@ class Jobs:
                     if r.job_id is not None and r.ended is None and r.key not in settled
                 ]
             if (not waiting and not to_check) or time.time() >= deadline:
+                self.left.leave(waiting + to_check)
                 return
             asked = time.time()
             by_cluster: dict[str, list[Run]] = {}
@@ -415,6 +421,7 @@ class Jobs:
             try:
                 self._check_jobs()
                 self.residents.check()
+                self.left.settle()
             except Exception:
                 log.exception("SkyPilot monitor turn failed")
 
