@@ -67,6 +67,25 @@ def test_background_status_and_stop(make_lab, seen):
         os.kill(agent_pid, 0)
 
 
+def test_a_supervisor_ended_by_a_fatal_signal_leaves_its_stack_in_its_log(make_lab, seen):
+    lab = make_lab(slots=1)
+    pid = int(nightlab("agent", "run", "--agent", stand_in("chatty"), "--background", cwd=lab).stdout)
+    agent_pid = None
+    try:
+        state = wait_until(lambda: (s := status(lab)).get("agent_pid") and s, timeout=20, what="the agent")
+        agent_pid = state["agent_pid"]
+        os.kill(pid, signal.SIGBUS)
+        log = lab / ".nightlab" / "agent" / "supervisor.log"
+        wait_until(lambda: "Fatal Python error: Bus error" in log.read_text(), timeout=30, what="the stack")
+    finally:
+        for p in (pid, agent_pid):
+            if p is not None:
+                try:  # the agent runs in its own session: its whole group
+                    os.killpg(p, signal.SIGKILL) if p == agent_pid else os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
 def test_bad_agent_and_limits_are_usage_errors(make_lab):
     lab = make_lab(slots=1)
     proc = nightlab("agent", "run", "--agent", "nosuchagent", cwd=lab, check=False)

@@ -98,6 +98,11 @@ def run(
         )
         return
     prices = TokenPrices(*config.agent.token_prices)
+    import faulthandler
+
+    # a fatal signal (a SIGBUS in a ledger read) leaves every thread's stack in the log
+    # (`supervisor.log` when in the background), not a supervisor gone without a word
+    faulthandler.enable()
     supervisor = sup.Supervisor(path, command_, limits, prices=prices, log=say)
     reason = supervisor.run()
     click.echo(reason)
