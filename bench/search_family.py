@@ -63,6 +63,8 @@ once on 2026-12-03 (seeds 900-909) for `pattern@climb+polish` with the measured 
 with the measured fit and each measured rung's own cost, read once, at the end (session 34).
 `heldout11` (h80-h87 = member seeds 1080-1087, seeds 1100-1119) judges full-budget `pattern`
 against its 2-wave ceiling (`--levers`; issue 34 item 5's second goal), read once (session 35).
+`heldout12` (h88-h95 = member seeds 1088-1095, seeds 1200-1219) decides pattern's `lone` and
+`mirror` defaults, read once (session 40). bench/race_by_race.py compares two `--json` files.
 
 `NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
 waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
@@ -74,7 +76,7 @@ on with NAME at the full budget from the confirmed incumbent (`ClimbSim`, `searc
 the member's noise): how much of a strategy's path to the target is the noise and how much its
 model (bench/two_wave_bound.py asks the same of a perfect knob-wise model).
 
-Usage: .venv/bin/python bench/search_family.py [--set dev|heldout11|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
+Usage: .venv/bin/python bench/search_family.py [--set dev|heldout12|heldout11|heldout10|heldout9|heldout8|heldout7|heldout6|heldout5|heldout4|heldout3|heldout2|heldout] [--members d0,d3,sim] [--seeds 0-19]
            [--strategies surface,pattern] [--workers 16] [--budget 60] [--max-waves 12]
            [--tolerance 0.5] [--rolling 0.75] [--levers] [--option NAME=VALUE ...] [--noise-scale 0.05]
            [--json out.json] [--verbose]
@@ -418,6 +420,10 @@ HELDOUT10_MEMBERS = [f"h{i}" for i in range(72, 80)]
 # a shorter path, `--levers`), old and new pattern with the same command; read once, at the end
 # (2026-12-04, session 35, helper `pathlen`); a later change needs a new set.
 HELDOUT11_MEMBERS = [f"h{i}" for i in range(80, 88)]
+# `heldout12` (h88-h95 = member seeds 1088-1095, seeds 1200-1219) decides whether pattern's
+# `lone` and `mirror` (tuned on dev, session 40) become its defaults: today's pattern and the
+# options with the same command, read once (2026-12-05); a later change needs a new set.
+HELDOUT12_MEMBERS = [f"h{i}" for i in range(88, 96)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
     "heldout": (HELDOUT_MEMBERS, range(100, 120)),
@@ -431,6 +437,7 @@ SETS = {
     "heldout9": (HELDOUT9_MEMBERS, range(900, 920)),
     "heldout10": (HELDOUT10_MEMBERS, range(1000, 1020)),
     "heldout11": (HELDOUT11_MEMBERS, range(1100, 1120)),
+    "heldout12": (HELDOUT12_MEMBERS, range(1200, 1220)),
 }
 
 
