@@ -54,3 +54,14 @@ def test_noise_scale_scales_the_strategies_noise_only() -> None:
     quiet = family._noise_scaled(m, 0.05)
     assert quiet.sd(v) == 0.05 * m.sd(v) > 0
     assert quiet.truth(v) == m.truth(v) and quiet.start == m.start
+
+
+def test_race_by_race_takes_the_races_both_reached() -> None:
+    import race_by_race
+
+    a = {("d0", 0): 2.0, ("d0", 1): 4.0, ("d1", 0): 0.0, ("d1", 1): None}
+    b = {("d0", 0): 4.0, ("d0", 1): 2.0, ("d1", 0): 3.0, ("d1", 1): None}
+    c = race_by_race.compare(a, b)
+    # (d0, 0) x2 and (d0, 1) x0.5: even; (d1, 0) only B reached, (d1, 1) no race
+    assert c["ratio"] == 1.0 and c["races"] == 2 and (c["better"], c["worse"]) == (1, 1)
+    assert (c["reached_a"], c["reached_b"]) == (2, 3)
