@@ -307,33 +307,6 @@ def test_pattern_opening_measures_every_knob_once_when_the_stencil_does_not_fit(
     assert moved == {"Y", "Z"}  # measured on one side only: first in the next stencil
 
 
-def test_pattern_lone_runs_go_further_and_a_worse_lone_side_mirrors() -> None:
-    # `lone`: a knob the opening measures on one side only gets its run `lone` coded units away
-    # (X, measured on both sides, keeps the stencil's step); `mirror`: when that run is worse, the
-    # fitted point moves the knob as far the other way
-    incumbent = {"X": "0.3", "Y": "1.0", "Z": "0.5"}
-
-    def bowl(knobs: dict[str, str]) -> float:
-        return bowl3(knobs) + (parse_value(knobs["Z"]) - 0.2) ** 2
-
-    strategy = PatternStrategy(PATTERN_DIMS, step=0.25, lone=0.5, mirror=1.0)
-    first = strategy.propose(incumbent, [], 4)
-    assert [(r["X"], r["Y"], r["Z"]) for r in first] == [
-        ("0.425", "1.0", "0.5"),
-        ("0.3", "0.75", "0.5"),
-        ("0.3", "1.0", "0.75"),
-        ("0.175", "1.0", "0.5"),
-    ]
-    history = [Observation(f"e{i}", r, bowl(r), wave=0) for i, r in enumerate(first)]
-    strategy.observe_incumbent(incumbent, [bowl(incumbent)] * 3)
-    second = strategy.propose(incumbent, history, 8)
-    assert (second[0]["X"], second[0]["Y"], second[0]["Z"]) == ("0.7", "0.75", "0.25")
-    plain = PatternStrategy(PATTERN_DIMS, step=0.25)
-    plain.observe_incumbent(incumbent, [bowl(incumbent)] * 3)
-    # without `mirror` a knob whose one run is worse stays
-    assert plain.propose(incumbent, history, 8)[0]["Z"] == "0.5"
-
-
 def test_pattern_stops_after_misses_and_checks_options() -> None:
     strategy = PatternStrategy(PATTERN_DIMS, step=0.25, min_step=0.1, patience=1)
     history = [Observation(f"e{w}", {"X": "0.5"}, 1.0, wave=w) for w in range(2)]

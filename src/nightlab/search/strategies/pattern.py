@@ -73,13 +73,6 @@ class PatternStrategy(_SteppedStrategy):
         explore: centre the wave on the unsettled best when the last centre gives no step.
         cover: an opening wave too small for the stencil measures every knob once first.
         momentum: after an adoption, also run the new point moved on by its displacement (twice).
-        lone: when the opening cannot measure every knob on both sides (`cover`), a range knob it
-            measures on one side only gets its run this many coded units away instead of `step`
-            (0: `step`); off by default until measured on bench/search_family.py (issue 34).
-        mirror: a knob measured on one side only whose run is worse (by twice the noise) moves
-            this many times that run's offset the other way (a convex valley's bottom is on that
-            side or less than half the offset away; 0: it stays until the next stencil measures
-            its other side).
     """
 
     name = "pattern"
@@ -101,8 +94,6 @@ class PatternStrategy(_SteppedStrategy):
         explore: bool = True,
         cover: bool = True,
         momentum: bool = True,
-        lone: float = 0.0,
-        mirror: float = 0.0,
     ) -> None:
         super().__init__(dims, lower_is_better=lower_is_better, seed=seed, step=step, min_step=min_step)
         if replicas < 1 or patience < 1:
@@ -112,7 +103,6 @@ class PatternStrategy(_SteppedStrategy):
         self.cover = cover
         self.patience = patience
         self.momentum = momentum
-        self.lone, self.mirror = lone, mirror
         self._moves: set[tuple] | None = None  # the last wave's pattern moves; None: not proposed here
         self._figures: dict[tuple, list[float]] = {}
         self._incumbents: list[Knobs] = []  # every incumbent seen, for the centre of a 1-knob stencil
@@ -229,33 +219,18 @@ class PatternStrategy(_SteppedStrategy):
             return full[:k]
         first: list[Knobs] = []
         rest: list[Knobs] = []
-        owner: list[str] = []  # the knob each run of `rest` moves
-        leads: list[str] = []  # the knob each run of `first` moves
         for name in names:
-            runs = self._sides(centre, step, name)
+            runs = self._stencil(centre, step, [name])
+            if len(runs) > 1 and not isinstance(self._dim(name), Choice):
+                dim = self._dim(name)
+                c = dim.coded(parse_value(centre[name]))
+                sides = {dim.coded(parse_value(r[name])) > c for r in runs}
+                near_edge = self.to_edge and (step / 4 < 1 - c < step or step / 4 < c + 1 < step)
+                if len(sides) == 2 and not near_edge:  # towards the middle, where more of the space lies
+                    runs.sort(key=lambda r: abs(dim.coded(parse_value(r[name]))))
             first += runs[:1]
-            leads += [name] * len(runs[:1])
             rest += runs[1:]
-            owner += [name] * len(runs[1:])
-        if self.lone:  # a range knob measured on one side only: its run `lone` units away
-            twice = set(owner[: max(k - len(first), 0)])
-            first = [
-                r if n in twice or isinstance(self._dim(n), Choice) else self._sides(centre, self.lone, n)[0]
-                for n, r in zip(leads, first, strict=True)
-            ]
         return (first + rest)[:k]
-
-    def _sides(self, centre: Mapping[str, str], step: float, name: str) -> list[Knobs]:
-        """A knob's stencil runs, the side towards the middle of its range first."""
-        runs = self._stencil(centre, step, [name])
-        if len(runs) > 1 and not isinstance(self._dim(name), Choice):
-            dim = self._dim(name)
-            c = dim.coded(parse_value(centre[name]))
-            sides = {dim.coded(parse_value(r[name])) > c for r in runs}
-            near_edge = self.to_edge and (step / 4 < 1 - c < step or step / 4 < c + 1 < step)
-            if len(sides) == 2 and not near_edge:  # towards the middle, where more of the space lies
-                runs.sort(key=lambda r: abs(dim.coded(parse_value(r[name]))))
-        return runs
 
     def _dim(self, name: str) -> Dimension:
         return next(d for d in self.dims if d.name == name)
@@ -304,9 +279,6 @@ class PatternStrategy(_SteppedStrategy):
                     move, gain = 2 * x_best, -y_best
             elif y_best < -2 * noise:  # a run crashed or one side only (`cover`): as far as the better run
                 move, gain = x_best, -y_best
-            elif self.mirror and len(points) == 1 and len(fit) == 2 and fit[1][1] > 2 * noise:
-                # one side only, and it is worse: a convex valley's bottom is on the other side or near
-                move, gain = -self.mirror * fit[1][0], fit[1][1] / 2
             value = dim.from_coded(c0 + move)
             if value != here and gain > 0:
                 out[dim.name] = (value, gain)
