@@ -64,7 +64,8 @@ with the measured fit and each measured rung's own cost, read once, at the end (
 `heldout11` (h80-h87 = member seeds 1080-1087, seeds 1100-1119) judges full-budget `pattern`
 against its 2-wave ceiling (`--levers`; issue 34 item 5's second goal), read once (session 35).
 `heldout12` (h88-h95 = member seeds 1088-1095, seeds 1200-1219) decides pattern's `lone` and
-`mirror` defaults, read once (session 40). bench/race_by_race.py compares two `--json` files.
+`mirror` defaults (they failed its rule and were removed), read once (session 40).
+bench/race_by_race.py compares two `--json` files.
 
 `NAME@climb` (screen short, confirm long): NAME's whole search runs on the short rung (its
 waves, verdicts and noise floor on short runs); every configuration the rung adopts gets two full
@@ -422,7 +423,8 @@ HELDOUT10_MEMBERS = [f"h{i}" for i in range(72, 80)]
 HELDOUT11_MEMBERS = [f"h{i}" for i in range(80, 88)]
 # `heldout12` (h88-h95 = member seeds 1088-1095, seeds 1200-1219) decides whether pattern's
 # `lone` and `mirror` (tuned on dev, session 40) become its defaults: today's pattern and the
-# options with the same command, read once (2026-12-05); a later change needs a new set.
+# options with the same command, read once (2026-12-05; they failed and were removed); a later
+# change needs a new set.
 HELDOUT12_MEMBERS = [f"h{i}" for i in range(88, 96)]
 SETS = {
     "dev": (DEV_MEMBERS, range(0, 20)),
