@@ -389,13 +389,9 @@ def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_p
     assert len([c for c in fake.calls if c[0] == "cancel"]) >= 2  # the first one found the job INIT
 
 
-def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_next(
-    sky_lab, tmp_path, monkeypatch, fast
-):
-    # on a loaded box a job stayed INIT past the close's grace, so every cancel found it INIT;
-    # the restarted controller's backend then followed it to its own limit (CI, session 38's
-    # submission: the real conformance suite's `kill_at_close`, exit 124). The kill is saved
-    # with the run, and the backend that re-attaches it goes on cancelling
+def _killed_past_the_grace(sky_lab, tmp_path, monkeypatch):
+    """A hanging run killed, forgotten and its backend closed while its job is still INIT (the
+    close's grace ran out before SkyPilot would cancel it): (fake, slot, spec, handle, job)."""
     monkeypatch.setattr(sky_core, "CLOSE_GRACE", 0.0)
     fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=1.0 / SCALE).install(monkeypatch)
     backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
@@ -403,7 +399,18 @@ def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_nex
     backend.kill(slot, spec, handle)
     backend.cleanup(spec)
     backend.close()
-    assert job.status.value == "INIT"  # the grace ran out before SkyPilot would cancel it
+    assert job.status.value == "INIT"
+    return fake, slot, spec, handle, job
+
+
+def test_a_kill_the_closing_backend_could_not_see_through_is_finished_by_the_next(
+    sky_lab, tmp_path, monkeypatch, fast
+):
+    # on a loaded box a job stayed INIT past the close's grace, so every cancel found it INIT;
+    # the restarted controller's backend then followed it to its own limit (CI, session 38's
+    # submission: the real conformance suite's `kill_at_close`, exit 124). The kill is saved
+    # with the run, and the backend that re-attaches it goes on cancelling
+    fake, slot, spec, handle, job = _killed_past_the_grace(sky_lab, tmp_path, monkeypatch)
     second = _backend(spec.lab_dir, fake)
     ended = _wait_exit(second, slot, spec, handle, timeout=15)  # the run's own limit is 30 s
     assert ended.exit_code is None and not ended.lost and ended.detail == "job cancelled"
@@ -421,14 +428,7 @@ def test_a_stopped_controllers_unsettled_kill_is_cancelled_by_the_next_backend(
     from nightlab.fleet.sky_task import job_name
     from nightlab.fleet.skypilot.left_kills import FOLDER
 
-    monkeypatch.setattr(sky_core, "CLOSE_GRACE", 0.0)
-    fake = FakeSky(tmp_path / "clusters", scale=SCALE, queue_seconds=1.0 / SCALE).install(monkeypatch)
-    backend, slot, spec, handle, run = _hang_running(sky_lab, fake)
-    job = fake.clusters[handle["cluster"]].jobs[run.job_id]
-    backend.kill(slot, spec, handle)
-    backend.cleanup(spec)
-    backend.close()
-    assert job.status.value == "INIT"
+    fake, slot, spec, handle, job = _killed_past_the_grace(sky_lab, tmp_path, monkeypatch)
     left = spec.lab_dir / FOLDER
     assert [p.name for p in left.iterdir()] == [f"{job_name(spec)}.json"]
     second = _backend(spec.lab_dir, fake)
