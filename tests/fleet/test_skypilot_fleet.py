@@ -486,8 +486,10 @@ def test_unsettled_kill_records_of_ended_or_gone_jobs_are_dropped(sky_lab, tmp_p
         json.dumps({"cluster": "nl-never-launched", "job_id": 1, "job_name": "y"})
     )
     (folder / "torn.json").write_text('{"cluster": ')  # a crash mid-write
+    writing = folder / ".x.1.2.tmp.json"  # another process's record, not yet renamed into place
+    writing.write_text('{"cluster": ')
     backend.available(slot)
-    wait_until(lambda: not list(folder.iterdir()), timeout=10)
+    wait_until(lambda: [p.name for p in folder.iterdir()] == [writing.name], timeout=10)
     backend.close()
 
 

@@ -43,6 +43,8 @@ class LeftKills:
     def leave(self, runs: Iterable[Run]) -> None:
         """Record these killed runs' jobs (an exec still in flight is recorded by its job name)."""
         folder = self._folder()
+        if folder is None:  # no run was launched: nothing was killed
+            return
         for run in runs:
             name = job_name(run.spec)
             record = {
@@ -65,6 +67,8 @@ class LeftKills:
         if folder is None or not folder.is_dir():
             return
         for path in sorted(folder.glob("*.json")):
+            if path.name.startswith("."):  # a record being written (`atomic_path`'s temporary)
+                continue
             try:
                 record = json.loads(path.read_text())
                 cluster = str(record["cluster"])
