@@ -485,7 +485,7 @@ def test_unsettled_kill_records_of_ended_or_gone_jobs_are_dropped(sky_lab, tmp_p
     (folder / "gone.json").write_text(
         json.dumps({"cluster": "nl-never-launched", "job_id": 1, "job_name": "y"})
     )
-    (folder / "torn.json").write_text('{"cluster": ')  # a crash mid-write
+    (folder / "torn.json").write_text('{"cluster": ')  # damaged
     writing = folder / ".x.1.2.tmp.json"  # another process's record, not yet renamed into place
     writing.write_text('{"cluster": ')
     backend.available(slot)

@@ -72,12 +72,8 @@ class LeftKills:
             try:
                 record = json.loads(path.read_text())
                 cluster = str(record["cluster"])
-            except (
-                OSError,
-                ValueError,
-                KeyError,
-                TypeError,
-            ) as e:  # half-written by a crash: nothing to act on
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                # damaged (records are written whole, so not by a crash): nothing to act on
                 log.warning("dropped an unreadable unsettled-kill record %s: %s", path.name, e)
                 path.unlink(missing_ok=True)
                 continue
