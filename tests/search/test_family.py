@@ -64,7 +64,8 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
     """Every set is disjoint from every other: members, the members' own seeds, and run seeds. Each
     held-out set was read once and replaced (heldout, heldout2, ..., heldout9); heldout10 judges the
     climb at the 1/10 rung with the measured short-run model and costs (issue 34); heldout11
-    judges full-budget pattern against its 2-wave ceiling (issue 34 item 5's second goal)."""
+    judges full-budget pattern against its 2-wave ceiling (issue 34 item 5's second goal); heldout12
+    decided pattern's `lone` and `mirror` defaults (they failed and were removed)."""
     assert list(family.SETS) == [
         "dev",
         "heldout",
@@ -78,6 +79,7 @@ def test_the_held_out_sets_share_no_member_or_seed_with_dev_or_each_other() -> N
         "heldout9",
         "heldout10",
         "heldout11",
+        "heldout12",
     ]
     names = list(family.SETS)
     member_seeds = {name: {_member_seed(n) for n in family.SETS[name][0]} for name in names}
