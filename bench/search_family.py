@@ -330,10 +330,15 @@ class _Py:
         return seq[int(self.rng.integers(0, len(seq)))]
 
 
+def level_grids(dims: Sequence[Dimension]) -> dict[str, list]:
+    """Per knob, the values a noise-free sweep tries: every level of a list, 41 across a range."""
+    return {d.name: (d.levels(None) if isinstance(d, Choice) else d.levels(41)) for d in dims}
+
+
 def _minimum(dims, truth, crash, rng) -> float:
     """The best noise-free value found by random starts and coordinate sweeps (for the metric's range)."""
     best = math.inf
-    grids = {d.name: (d.levels(None) if isinstance(d, Choice) else d.levels(41)) for d in dims}
+    grids = level_grids(dims)
     for _ in range(6):
         v = {d.name: d.sample(_Py(rng)) for d in dims}
         for _ in range(6):

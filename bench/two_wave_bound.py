@@ -26,7 +26,7 @@ import argparse
 import statistics
 from collections.abc import Mapping
 
-from search_family import SETS, Member, _seeds, member, search
+from search_family import SETS, Member, _seeds, level_grids, member, search
 
 from nightlab.search.spaces import Choice
 
@@ -62,7 +62,7 @@ def _along(m: Member, v: Mapping[str, object], w: Mapping[str, object]) -> dict[
 
 def steps_to(m: Member, target: float, *, line: bool) -> int | None:
     """Jacobi steps of the perfect knob-wise model from the start until the target (None: not in MAX_STEPS)."""
-    grids = {d.name: (d.levels(None) if isinstance(d, Choice) else d.levels(41)) for d in m.dims}
+    grids = level_grids(m.dims)
     v = m.values(m.start)
     for k in range(1, MAX_STEPS + 1):
         w = _best_alone(m, v, grids)
