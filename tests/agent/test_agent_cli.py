@@ -78,12 +78,14 @@ def test_a_supervisor_ended_by_a_fatal_signal_leaves_its_stack_in_its_log(make_l
         log = lab / ".nightlab" / "agent" / "supervisor.log"
         wait_until(lambda: "Fatal Python error: Bus error" in log.read_text(), timeout=30, what="the stack")
     finally:
-        for p in (pid, agent_pid):
-            if p is not None:
-                try:  # the agent runs in its own session: its whole group
-                    os.killpg(p, signal.SIGKILL) if p == agent_pid else os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kills = [lambda: os.kill(pid, signal.SIGKILL)]
+        if agent_pid is not None:  # the agent runs in its own session: its whole group
+            kills.append(lambda: os.killpg(agent_pid, signal.SIGKILL))
+        for kill in kills:
+            try:
+                kill()
+            except ProcessLookupError:
+                pass
 
 
 def test_bad_agent_and_limits_are_usage_errors(make_lab):

@@ -389,6 +389,19 @@ def test_a_closing_backend_cancels_its_killed_jobs_until_they_end(sky_lab, tmp_p
     assert len([c for c in fake.calls if c[0] == "cancel"]) >= 2  # the first one found the job INIT
 
 
+def _hang_in_flight(sky_lab, fake: FakeSky):
+    """A hanging run launched on a fresh lab whose `sky exec` is still in flight (the fake's
+    `exec_seconds`): (backend, slot, spec, handle)."""
+    lab = sky_lab()
+    backend = _backend(lab, fake)
+    slot = _slot(backend, "h100-k8s-1")
+    backend.up()
+    spec = _spec(lab, submit(lab, "hang", "h100", MODE='"hang"'))
+    handle = backend.launch(slot, spec)
+    wait_until(lambda: fake.count("exec") >= 1, timeout=10)
+    return backend, slot, spec, handle
+
+
 def _killed_past_the_grace(sky_lab, tmp_path, monkeypatch):
     """A hanging run killed, forgotten and its backend closed while its job is still INIT (the
     close's grace ran out before SkyPilot would cancel it): (fake, slot, spec, handle, job)."""
@@ -448,14 +461,8 @@ def test_an_unsettled_kill_whose_exec_was_in_flight_is_found_by_name(sky_lab, tm
     fake = FakeSky(
         tmp_path / "clusters", scale=SCALE, exec_seconds=0.5 / SCALE, queue_seconds=1.0 / SCALE
     ).install(monkeypatch)
-    lab = sky_lab()
-    backend = _backend(lab, fake)
-    slot = _slot(backend, "h100-k8s-1")
-    backend.up()
-    eid = submit(lab, "hang", "h100", MODE='"hang"')
-    spec = _spec(lab, eid)
-    handle = backend.launch(slot, spec)
-    wait_until(lambda: fake.count("exec") >= 1, timeout=10)
+    backend, slot, spec, handle = _hang_in_flight(sky_lab, fake)
+    lab = spec.lab_dir
     backend.kill(slot, spec, handle)
     backend.cleanup(spec)
     backend.close()
@@ -486,10 +493,17 @@ def test_unsettled_kill_records_of_ended_or_gone_jobs_are_dropped(sky_lab, tmp_p
         json.dumps({"cluster": "nl-never-launched", "job_id": 1, "job_name": "y"})
     )
     (folder / "torn.json").write_text('{"cluster": ')  # damaged
+    # an exec in flight at close whose job never appeared: given up after FIND_PATIENCE, not before
+    lost = {"cluster": cluster, "job_id": None, "job_name": "nightlab-never-a1"}
+    (folder / "never.json").write_text(
+        json.dumps({**lost, "left_at": time.time() - sky_core.FIND_PATIENCE - 1})
+    )
+    (folder / "may-land.json").write_text(json.dumps({**lost, "left_at": time.time()}))
     writing = folder / ".x.1.2.tmp.json"  # another process's record, not yet renamed into place
     writing.write_text('{"cluster": ')
     backend.available(slot)
-    wait_until(lambda: [p.name for p in folder.iterdir()] == [writing.name], timeout=10)
+    kept = sorted([writing.name, "may-land.json"])
+    wait_until(lambda: sorted(p.name for p in folder.iterdir()) == kept, timeout=10)
     backend.close()
 
 
@@ -517,15 +531,8 @@ def test_a_closing_backend_cancels_a_killed_run_whose_exec_is_in_flight(sky_lab,
     # stopped while `sky exec` has not answered yet: the job appears after the kill, and close
     # must wait for its id and see it cancelled, or it would run on with no controller left
     fake = FakeSky(tmp_path / "clusters", scale=SCALE, exec_seconds=0.5 / SCALE).install(monkeypatch)
-    lab = sky_lab()
-    backend = _backend(lab, fake)
-    slot = _slot(backend, "h100-k8s-1")
-    backend.up()
-    eid = submit(lab, "hang", "h100", MODE='"hang"')
-    spec = _spec(lab, eid)
-    handle = backend.launch(slot, spec)
-    run = backend.jobs.runs[f"{eid}/1"]
-    wait_until(lambda: fake.count("exec") >= 1, timeout=10)
+    backend, slot, spec, handle = _hang_in_flight(sky_lab, fake)
+    run = backend.jobs.runs[f"{spec.experiment_id}/1"]
     assert run.job_id is None  # the exec is still in flight
     backend.kill(slot, spec, handle)
     backend.cleanup(spec)
